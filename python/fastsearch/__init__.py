@@ -1,0 +1,29 @@
+"""fastsearch: an auto-tuner for Apache TVM with a search engine written in Rust."""
+
+from __future__ import annotations
+
+from fastsearch._core import __version__
+from fastsearch.errors import (
+    DatabaseError,
+    FastsearchError,
+    InternalError,
+    InvalidTarget,
+    InvalidTrace,
+    MalformedInput,
+    MeasurementError,
+    ScheduleError,
+    UnsupportedWorkload,
+)
+
+__all__ = [
+    "__version__",
+    "FastsearchError",
+    "UnsupportedWorkload",
+    "ScheduleError",
+    "InvalidTrace",
+    "MalformedInput",
+    "InternalError",
+    "InvalidTarget",
+    "DatabaseError",
+    "MeasurementError",
+]

@@ -1,0 +1,13 @@
+//! fastsearch-core: the search engine of fastsearch, with no Python in it.
+//!
+//! * [`program`] — the program model imported from TIR (blocks, loops, buffers, accesses).
+//! * [`schedule`] — the schedule engine: MetaSchedule instructions applied on the model,
+//!   traces read and written in MetaSchedule's JSON.
+//! * [`sketch`] — Ansor-style sketch generation and random annotation for CPU.
+//! * [`rng`] — the deterministic random number generator every sampler uses.
+
+pub mod error;
+pub mod program;
+pub mod rng;
+
+pub use error::{Error, Result};

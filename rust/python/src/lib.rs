@@ -1,0 +1,71 @@
+//! `fastsearch._core`: the thin PyO3 layer over fastsearch-core.
+//!
+//! Each entry point extracts its arguments, releases the GIL for the work, catches any panic
+//! (reported as `InternalError`, never as a Rust panic in Python) and maps core errors to the
+//! `FastsearchError` hierarchy.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use fastsearch_core::program::Program;
+use fastsearch_core::Error;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(_core, FastsearchError, PyException, "Base class of every error fastsearch raises.");
+create_exception!(_core, UnsupportedWorkload, FastsearchError, "The workload uses a construct fastsearch cannot model.");
+create_exception!(_core, ScheduleError, FastsearchError, "A schedule instruction is invalid on the program.");
+create_exception!(_core, InvalidTrace, FastsearchError, "A trace or its JSON cannot be read.");
+create_exception!(_core, MalformedInput, FastsearchError, "Input JSON handed to the core is malformed.");
+create_exception!(_core, InternalError, FastsearchError, "A bug in fastsearch: please report it.");
+
+fn to_py(err: Error) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        Error::Unsupported(_) => UnsupportedWorkload::new_err(msg),
+        Error::Malformed(_) => MalformedInput::new_err(msg),
+        Error::Schedule { .. } => ScheduleError::new_err(msg),
+        Error::InvalidTrace(_) => InvalidTrace::new_err(msg),
+        Error::Internal(_) => InternalError::new_err(msg),
+    }
+}
+
+/// Runs `work` without the GIL, turning a panic into `InternalError`.
+fn guarded<T: Send>(py: Python<'_>, what: &str, work: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
+    let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(work)));
+    match outcome {
+        Ok(result) => result.map_err(to_py),
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(InternalError::new_err(format!("{what}: {detail}")))
+        }
+    }
+}
+
+/// Imports a program model (the JSON `fastsearch.tir_import` writes) and returns a JSON summary:
+/// its blocks with their iteration kinds, loops and arithmetic.
+#[pyfunction]
+fn program_summary(py: Python<'_>, program_json: String) -> PyResult<String> {
+    guarded(py, "program_summary", move || {
+        let program = Program::from_json(&program_json)?;
+        Ok(fastsearch_core::program::summary(&program).to_string())
+    })
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("FastsearchError", py.get_type::<FastsearchError>())?;
+    m.add("UnsupportedWorkload", py.get_type::<UnsupportedWorkload>())?;
+    m.add("ScheduleError", py.get_type::<ScheduleError>())?;
+    m.add("InvalidTrace", py.get_type::<InvalidTrace>())?;
+    m.add("MalformedInput", py.get_type::<MalformedInput>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add_function(wrap_pyfunction!(program_summary, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
