@@ -6,18 +6,51 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use std::collections::HashSet;
+
 use fastsearch_core::program::Program;
+use fastsearch_core::sketch::{self, CpuTarget};
 use fastsearch_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_core, FastsearchError, PyException, "Base class of every error fastsearch raises.");
-create_exception!(_core, UnsupportedWorkload, FastsearchError, "The workload uses a construct fastsearch cannot model.");
-create_exception!(_core, ScheduleError, FastsearchError, "A schedule instruction is invalid on the program.");
-create_exception!(_core, InvalidTrace, FastsearchError, "A trace or its JSON cannot be read.");
-create_exception!(_core, MalformedInput, FastsearchError, "Input JSON handed to the core is malformed.");
-create_exception!(_core, InternalError, FastsearchError, "A bug in fastsearch: please report it.");
+create_exception!(
+    _core,
+    FastsearchError,
+    PyException,
+    "Base class of every error fastsearch raises."
+);
+create_exception!(
+    _core,
+    UnsupportedWorkload,
+    FastsearchError,
+    "The workload uses a construct fastsearch cannot model."
+);
+create_exception!(
+    _core,
+    ScheduleError,
+    FastsearchError,
+    "A schedule instruction is invalid on the program."
+);
+create_exception!(
+    _core,
+    InvalidTrace,
+    FastsearchError,
+    "A trace or its JSON cannot be read."
+);
+create_exception!(
+    _core,
+    MalformedInput,
+    FastsearchError,
+    "Input JSON handed to the core is malformed."
+);
+create_exception!(
+    _core,
+    InternalError,
+    FastsearchError,
+    "A bug in fastsearch: please report it."
+);
 
 fn to_py(err: Error) -> PyErr {
     let msg = err.to_string();
@@ -31,7 +64,11 @@ fn to_py(err: Error) -> PyErr {
 }
 
 /// Runs `work` without the GIL, turning a panic into `InternalError`.
-fn guarded<T: Send>(py: Python<'_>, what: &str, work: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
+fn guarded<T: Send>(
+    py: Python<'_>,
+    what: &str,
+    work: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
     let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(work)));
     match outcome {
         Ok(result) => result.map_err(to_py),
@@ -56,6 +93,28 @@ fn program_summary(py: Python<'_>, program_json: String) -> PyResult<String> {
     })
 }
 
+/// Draws up to `n` distinct candidates from fastsearch's CPU sketches, as MetaSchedule trace
+/// JSON strings (before postprocessing), skipping those in `exclude`.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, n, seed, exclude=Vec::new()))]
+fn sample_sketches(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    n: usize,
+    seed: u64,
+    exclude: Vec<String>,
+) -> PyResult<Vec<String>> {
+    guarded(py, "sample_sketches", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget {
+            num_cores: num_cores.max(1),
+        };
+        let exclude: HashSet<String> = exclude.into_iter().collect();
+        Ok(sketch::sample(&program, &target, n, seed, &exclude))
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -66,6 +125,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MalformedInput", py.get_type::<MalformedInput>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
