@@ -14,9 +14,11 @@ from fastsearch.errors import (
     ScheduleError,
     UnsupportedWorkload,
 )
+from fastsearch.sample import sample
 
 __all__ = [
     "__version__",
+    "sample",
     "FastsearchError",
     "UnsupportedWorkload",
     "ScheduleError",
