@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
+import fastsearch
 import pytest
 import tvm
-from tvm import te
-from workloads import FAMILIES, extra, relax_legalized, suite
-
-import fastsearch
 from fastsearch import _core
 from fastsearch.tir_import import program_json
+from tvm import te
+from workloads import FAMILIES, extra, relax_legalized, suite
 
 
 def summary(func) -> dict:

@@ -8,16 +8,15 @@ import os
 import subprocess
 import sys
 
+import fastsearch
 import numpy as np
 import pytest
 import tvm
-from tvm.s_tir import Schedule
-from workloads import FAMILIES, small, suite
-
-import fastsearch
 from fastsearch import _core
 from fastsearch.sample import Postprocessor, sample_candidates
 from fastsearch.tir_import import program_json
+from tvm.s_tir import Schedule
+from workloads import FAMILIES, small, suite
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 

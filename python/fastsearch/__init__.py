@@ -17,15 +17,15 @@ from fastsearch.errors import (
 from fastsearch.sample import sample
 
 __all__ = [
-    "__version__",
-    "sample",
+    "DatabaseError",
     "FastsearchError",
-    "UnsupportedWorkload",
-    "ScheduleError",
-    "InvalidTrace",
-    "MalformedInput",
     "InternalError",
     "InvalidTarget",
-    "DatabaseError",
+    "InvalidTrace",
+    "MalformedInput",
     "MeasurementError",
+    "ScheduleError",
+    "UnsupportedWorkload",
+    "__version__",
+    "sample",
 ]
