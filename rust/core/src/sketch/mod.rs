@@ -9,6 +9,7 @@
 //! MetaSchedule trace.
 
 mod analysis;
+mod mutate;
 mod tile;
 mod trace_builder;
 
@@ -18,6 +19,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 pub use analysis::{analyze, BlockInfo};
+pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
 
@@ -34,8 +36,8 @@ pub struct CpuTarget {
 pub const MAX_INNERMOST_FACTOR: i64 = 64;
 /// Unroll depths the annotation draws from (`pragma_auto_unroll_max_step`).
 pub const UNROLL_CANDIDATES: [i64; 4] = [0, 16, 64, 512];
-const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
-const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
+pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
+pub const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
 
 /// The structural rule chosen for one block.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,6 +63,22 @@ pub enum WriteCache {
     None,
     Global,
     FusedConsumer(usize),
+}
+
+/// Everything that decides one candidate: the rule of each block, its tile sizes and the
+/// annotations. [`emit`] turns it into a trace; mutation and crossover work on it directly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Genome {
+    pub rules: BTreeMap<usize, Rule>,
+    /// Per tiled block, the factors of each of its loops (outermost first); per rfactored
+    /// block, the two factors of its fused reduction loop.
+    pub tiles: BTreeMap<usize, Vec<Vec<i64>>>,
+    /// `meta_schedule.parallel`: the most parallel jobs the postprocessor may create.
+    pub parallel: i64,
+    /// `meta_schedule.vectorize`: the longest loop the postprocessor may vectorize.
+    pub vectorize: i64,
+    /// Index into [`UNROLL_CANDIDATES`].
+    pub unroll: usize,
 }
 
 /// The rules that apply to each block, in program order of the leaf blocks.
@@ -194,6 +212,55 @@ impl SketchSpace {
         rules
     }
 
+    /// Draws tile sizes for `block` under `rule` (none for rules without tiles).
+    pub fn draw_tiles(
+        &self,
+        program: &Program,
+        block: usize,
+        rule: &Rule,
+        rng: &mut Rng,
+    ) -> Option<Vec<Vec<i64>>> {
+        let info = self.info(block);
+        match rule {
+            Rule::Tile { .. } => Some(
+                program.blocks[block]
+                    .iter_vars
+                    .iter()
+                    .zip(&info.loop_extents)
+                    .map(|(iv, extent)| {
+                        let parts = if iv.kind == IterKind::Reduce { 2 } else { 4 };
+                        sample_perfect_tile(rng, *extent, parts, MAX_INNERMOST_FACTOR)
+                    })
+                    .collect(),
+            ),
+            Rule::RFactor { .. } => Some(vec![sample_perfect_tile(
+                rng,
+                info.reduce_extent,
+                2,
+                MAX_INNERMOST_FACTOR,
+            )]),
+            _ => None,
+        }
+    }
+
+    /// Draws a whole candidate: structure, tile sizes and annotations.
+    pub fn draw(&self, program: &Program, target: &CpuTarget, rng: &mut Rng) -> Genome {
+        let rules = self.draw_rules(program, target, rng);
+        let mut tiles = BTreeMap::new();
+        for (block, rule) in &rules {
+            if let Some(t) = self.draw_tiles(program, *block, rule, rng) {
+                tiles.insert(*block, t);
+            }
+        }
+        Genome {
+            rules,
+            tiles,
+            parallel: *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores,
+            vectorize: *rng.choose(&VECTORIZE_CANDIDATES),
+            unroll: rng.below(UNROLL_CANDIDATES.len()),
+        }
+    }
+
     /// A consumer that can be moved under the producer's tile: spatial, at the root, reading
     /// the producer's output at exactly its own iteration point.
     fn fusable_consumer(
@@ -292,16 +359,11 @@ impl SketchSpace {
     }
 }
 
-/// Emits the trace of one candidate: the structure in `rules`, annotated at random.
-pub fn emit(
-    program: &Program,
-    space: &SketchSpace,
-    rules: &BTreeMap<usize, Rule>,
-    target: &CpuTarget,
-    rng: &mut Rng,
-) -> Value {
+/// Emits the trace of one candidate.
+pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
     let mut t = TraceBuilder::new();
     let func = program.name.as_str();
+    let rules = &genome.rules;
     let mut rv: BTreeMap<usize, String> = BTreeMap::new();
     for info in &space.infos {
         rv.insert(
@@ -318,24 +380,22 @@ pub fn emit(
     for info in space.infos.iter().rev() {
         let b = &rv[&info.block];
         let block = &program.blocks[info.block];
-        match rules.get(&info.block) {
-            Some(Rule::Tile { cache, level }) => {
+        let tiles = genome.tiles.get(&info.block);
+        match (rules.get(&info.block), tiles) {
+            (Some(Rule::Tile { cache, level }), Some(tiles)) => {
                 t.annotate_str(b, "meta_schedule.tiling_structure", "SSRSRS");
                 let loops = t.get_loops(b, info.loop_extents.len());
                 let mut s_tiles: Vec<Vec<String>> = vec![Vec::new(); 4];
                 let mut r_tiles: Vec<Vec<String>> = vec![Vec::new(); 2];
-                for ((lp, iv), extent) in loops.iter().zip(&block.iter_vars).zip(&info.loop_extents)
-                {
-                    let parts = if iv.kind == IterKind::Reduce { 2 } else { 4 };
-                    let factors = sample_perfect_tile(rng, *extent, parts, MAX_INNERMOST_FACTOR);
-                    let split = t.sample_and_split(lp, &factors, MAX_INNERMOST_FACTOR);
-                    let tiles = if parts == 2 {
+                for (lp, factors) in loops.iter().zip(tiles) {
+                    let split = t.sample_and_split(lp, factors, MAX_INNERMOST_FACTOR);
+                    let levels = if factors.len() == 2 {
                         &mut r_tiles
                     } else {
                         &mut s_tiles
                     };
                     for (level, l) in split.into_iter().enumerate() {
-                        tiles[level].push(l);
+                        levels[level].push(l);
                     }
                 }
                 let order: Vec<String> = [
@@ -361,7 +421,7 @@ pub fn emit(
                     _ => {}
                 }
             }
-            Some(Rule::RFactor { outer }) => {
+            (Some(Rule::RFactor { outer }), Some(tiles)) => {
                 let loops = t.get_loops(b, info.loop_extents.len());
                 let n_s = block
                     .iter_vars
@@ -373,30 +433,24 @@ pub fn emit(
                 } else {
                     loops[n_s].clone()
                 };
-                let factors = sample_perfect_tile(rng, info.reduce_extent, 2, MAX_INNERMOST_FACTOR);
-                let split = t.sample_and_split(&fused, &factors, MAX_INNERMOST_FACTOR);
+                let split = t.sample_and_split(&fused, &tiles[0], MAX_INNERMOST_FACTOR);
                 let axis = program.buffers[block.writes[0].buffer].shape.len();
                 t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
             }
-            Some(Rule::ComputeAt { host, depth }) => {
+            (Some(Rule::ComputeAt { host, depth }), _) => {
                 let host_loops = t.get_loops(&rv[host], space.info(*host).loop_extents.len());
                 t.compute_at(b, &host_loops[*depth]);
             }
             _ => {}
         }
     }
-    let jobs = *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores;
-    t.annotate_int(&root, "meta_schedule.parallel", jobs);
-    t.annotate_int(
-        &root,
-        "meta_schedule.vectorize",
-        *rng.choose(&VECTORIZE_CANDIDATES),
-    );
+    t.annotate_int(&root, "meta_schedule.parallel", genome.parallel);
+    t.annotate_int(&root, "meta_schedule.vectorize", genome.vectorize);
     t.annotate_categorical(
         &root,
         "meta_schedule.unroll_explicit",
         &UNROLL_CANDIDATES,
-        rng.below(UNROLL_CANDIDATES.len()),
+        genome.unroll,
     );
     t.finish()
 }
@@ -424,8 +478,8 @@ pub fn sample(
             .into_par_iter()
             .map(|i| {
                 let mut rng = Rng::derive(seed, i);
-                let rules = space.draw_rules(program, target, &mut rng);
-                emit(program, &space, &rules, target, &mut rng).to_string()
+                let genome = space.draw(program, target, &mut rng);
+                emit(program, &space, &genome).to_string()
             })
             .collect();
         next += batch;
