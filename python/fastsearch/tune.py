@@ -43,8 +43,10 @@ from fastsearch.target import TargetLike, device, resolve_target, target_kind
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
-#: A candidate generator: ``(func, target, n, seed, exclude) -> list[Trace]`` of at most ``n``
-#: distinct candidates whose :func:`fastsearch.database.candidate_key` is not in ``exclude``.
+#: A candidate generator ``(func, target, n, seed, exclude) -> list`` of at most ``n`` distinct
+#: candidates whose key (:func:`fastsearch.database.candidate_key`) is not in ``exclude``. Items are
+#: ``fastsearch.sample.Candidate`` objects (``key`` and a postprocessed ``schedule``) or plain
+#: :class:`tvm.s_tir.Trace` objects, which tune() replays and postprocesses itself.
 Sampler = Callable[[tvm.tirx.PrimFunc, tvm.target.Target, int, int, set], list]
 
 APPLY_FAILURES_FILE = "fastsearch_apply_failures.jsonl"
@@ -139,16 +141,18 @@ class _Task:
     entry: str
     workload: Any
     args_info: list
-    postprocs: list
+    post: _Postprocessor
     result: TaskResult
     best_secs: float = math.inf
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
 
 
-def _resolve_sampler(strategy: str | Sampler) -> Sampler:
+def _resolve_sampler(strategy: str | Sampler) -> Callable[[_Task], Sampler]:
+    """Per-task sampler factory for ``strategy``."""
     if callable(strategy):
-        return strategy
+        user = strategy
+        return lambda task: user
     if strategy == "random":
         try:
             from fastsearch.sample import sample_candidates
@@ -156,7 +160,16 @@ def _resolve_sampler(strategy: str | Sampler) -> Sampler:
             raise FastsearchError(
                 f"strategy 'random' needs fastsearch.sample.sample_candidates, which is unavailable: {exc}"
             ) from exc
-        return sample_candidates
+
+        def make(task: _Task) -> Sampler:
+            def draw(
+                func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
+            ) -> list:
+                return sample_candidates(func, target, n, seed, exclude, postprocessor=task.post)
+
+            return draw
+
+        return make
     raise ValueError(f"unknown strategy {strategy!r}; available: 'random' or a sampler callable")
 
 
@@ -197,34 +210,48 @@ def default_name(mod: tvm.tirx.PrimFunc | IRModule) -> str:
     return base
 
 
-def _postprocs(mod: IRModule, target: tvm.target.Target) -> list:
-    """MetaSchedule's default postprocessors for the target, initialized for this workload.
+class _Postprocessor:
+    """MetaSchedule's default postprocessors for the target, initialized for one workload.
 
-    Built through the FFI constructor of TuneContext: the Python constructor imports every tensor
-    intrinsic (tens of seconds), which replaying fastsearch's traces does not need.
+    Built through the FFI constructor of TuneContext: its Python constructor imports every tensor
+    intrinsic (tens of seconds per process), which replaying fastsearch's traces does not need.
+    ``apply(sch)`` enters postprocessing and runs them all, as MetaSchedule does before a build.
     """
-    from tvm.s_tir.meta_schedule import _ffi_api
-    from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
 
-    kind = target_kind(target)
-    kind = kind if kind in ("cuda", "hexagon") else "llvm"
-    space = ms.space_generator.PostOrderApply(
-        sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
-    )
-    ctx = ms.TuneContext.__new__(ms.TuneContext)
-    ctx.__init_handle_by_constructor__(
-        _ffi_api.TuneContext,
-        mod,
-        target,
-        space,
-        None,
-        "main",
-        1,
-        0,
-        get_logging_func(get_logger(__name__)),
-    )
-    _ffi_api.TuneContextInitialize(ctx)
-    return list(ctx.space_generator.postprocs)
+    def __init__(self, mod: IRModule, target: tvm.target.Target) -> None:
+        from tvm.s_tir.meta_schedule import _ffi_api
+        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+
+        kind = target_kind(target)
+        kind = kind if kind in ("cuda", "hexagon") else "llvm"
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
+        )
+        ctx = ms.TuneContext.__new__(ms.TuneContext)
+        ctx.__init_handle_by_constructor__(
+            _ffi_api.TuneContext,
+            mod,
+            target,
+            space,
+            None,
+            "main",
+            1,
+            0,
+            get_logging_func(get_logger(__name__)),
+        )
+        _ffi_api.TuneContextInitialize(ctx)
+        self.target = target
+        self.postprocs = list(ctx.space_generator.postprocs)
+        self.rejected_by: str | None = None
+
+    def apply(self, sch: Schedule) -> bool:
+        """Run the postprocessors on ``sch``; False (and ``rejected_by`` set) if one refuses it."""
+        sch.enter_postproc()
+        for post in self.postprocs:
+            if not post.apply(sch):
+                self.rejected_by = type(post).__name__
+                return False
+        return True
 
 
 def _needs_tensor_intrin(trace: Trace) -> bool:
@@ -238,10 +265,8 @@ def _apply(task: _Task, trace: Trace) -> tuple[Schedule | None, str | None]:
     try:
         sch = Schedule(task.mod, debug_mask="none", error_render_level="detail")
         trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        for post in task.postprocs:
-            if not post.apply(sch):
-                return sch, f"postprocessor {type(post).__name__} rejected the candidate"
+        if not task.post.apply(sch):
+            return None, f"postprocessor {task.post.rejected_by} rejected the candidate"
     except Exception as exc:  # noqa: BLE001  (a broken candidate is recorded, the search goes on)
         return None, f"cannot apply the trace: {exc}"
     return sch, None
@@ -252,8 +277,9 @@ def _seed_for(seed: int, task_index: int, round_index: int) -> int:
 
 
 class _ApplyFailures:
-    """Candidates whose trace cannot be replayed: MetaSchedule's database could not load them, so
-    they are kept in a side file of the work directory (key and error) to be skipped on resume."""
+    """Candidates whose trace TVM cannot replay or postprocess: MetaSchedule's database replays every
+    trace it loads, so they are kept in a side file of the work directory (key and error) instead,
+    to be skipped on resume."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -306,7 +332,7 @@ def tune(
     if trials < 0:
         raise ValueError(f"trials must be >= 0, got {trials}")
     tgt = resolve_target(target)
-    sampler = _resolve_sampler(strategy)
+    make_sampler = _resolve_sampler(strategy)
     whole, funcs = _primfuncs(mod)
     wname = name or default_name(mod)
     wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / wname
@@ -330,7 +356,7 @@ def tune(
             entry=entry,
             workload=workload,
             args_info=list(ms.arg_info.ArgInfo.from_prim_func(tmod["main"])),
-            postprocs=_postprocs(tmod, tgt),
+            post=_Postprocessor(tmod, tgt),
             result=result,
         )
         best = db.best(workload)
@@ -373,20 +399,22 @@ def tune(
                 round_index = 0
                 empty_rounds = 0
                 wl_id = _wl_id(task)
+                sampler = make_sampler(task)
                 while task.result.trials_measured < todo:
                     n = min(bsize, todo - task.result.trials_measured)
                     exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
                     t0 = time.perf_counter()
-                    traces = sampler(task.func, tgt, n, _seed_for(seed, ti, round_index), exclude)
+                    drawn = sampler(task.func, tgt, n, _seed_for(seed, ti, round_index), exclude)
                     timing["search"] += time.perf_counter() - t0
                     round_index += 1
-                    batch: list[tuple[Trace, str]] = []
-                    for trace in traces:
-                        key = candidate_key(trace)
-                        if key not in exclude:
-                            exclude.add(key)
-                            batch.append((trace, key))
-                    batch = batch[:n]
+                    t0 = time.perf_counter()
+                    batch: list[_Cand] = []
+                    for item in drawn:
+                        cand = _as_candidate(task, item)
+                        if cand.key not in exclude and len(batch) < n:
+                            exclude.add(cand.key)
+                            batch.append(cand)
+                    timing["apply"] += time.perf_counter() - t0
                     if not batch:
                         empty_rounds += 1
                         if empty_rounds >= 3:
@@ -454,9 +482,28 @@ def _wl_id(task: _Task) -> str:
     return f"{structural_hash(task.mod) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+@dataclass
+class _Cand:
+    key: str
+    sch: Schedule | None
+    error: str | None
+
+
+def _as_candidate(task: _Task, item: Any) -> _Cand:
+    """A sampler's item as (key, postprocessed schedule or None, error)."""
+    if isinstance(item, Trace):
+        sch, error = _apply(task, item)
+        return _Cand(candidate_key(item), sch, error)
+    key = getattr(item, "key", None)
+    sch = getattr(item, "schedule", None)
+    if not isinstance(key, str) or not isinstance(sch, Schedule):
+        raise TypeError(f"the sampler returned {type(item).__name__}; expected a Trace or a Candidate")
+    return _Cand(key, sch, None)
+
+
 def _run_batch(
     task: _Task,
-    batch: Sequence[tuple[Trace, str]],
+    batch: Sequence[_Cand],
     target: tvm.target.Target,
     db: TuningDatabase,
     measurer: Measurer,
@@ -469,17 +516,11 @@ def _run_batch(
     atol: float,
     overall_best_us: Callable[[], float | None],
 ) -> int:
-    """Apply, build, run, check and store one batch; returns the number of failed candidates."""
-    t0 = time.perf_counter()
-    applied: list[tuple[Trace, str, Schedule | None, str | None]] = []
-    for trace, key in batch:
-        sch, error = _apply(task, trace)
-        applied.append((trace, key, sch, error))
-    timing["apply"] += time.perf_counter() - t0
-
-    runnable = [i for i, (_, _, sch, err) in enumerate(applied) if err is None and sch is not None]
-    results: list[MeasureResult] = [MeasureResult(error=applied[i][3]) for i in range(len(applied))]
-    measured = measurer.measure([applied[i][2].mod for i in runnable], task.args_info)  # type: ignore[union-attr]
+    """Build, run, check and store one batch; returns the number of failed candidates."""
+    best_before = task.best_secs
+    runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
+    results: list[MeasureResult] = [MeasureResult(error=c.error) for c in batch]
+    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info)  # type: ignore[union-attr]
     for i, res in zip(runnable, measured):
         results[i] = res
 
@@ -492,7 +533,7 @@ def _run_batch(
                 break
             if verify:
                 t0 = time.perf_counter()
-                error = _check_candidate(task, applied[i][2], results[i], target, rtol, atol)  # type: ignore[arg-type]
+                error = _check_candidate(task, batch[i].sch, results[i], target, rtol, atol)  # type: ignore[arg-type]
                 timing["verify"] += time.perf_counter() - t0
                 if error is not None:
                     results[i].error = f"wrong answer: {error}"
@@ -506,15 +547,19 @@ def _run_batch(
     t0 = time.perf_counter()
     failed = 0
     wl_id = _wl_id(task)
-    for (trace, key, sch, error), res in zip(applied, results):
-        if sch is None:
-            apply_failures.add(wl_id, key, res.error or "cannot apply the trace")
+    best_after, running = task.best_secs, best_before
+    for cand, res in zip(batch, results):
+        if cand.sch is None:
+            apply_failures.add(wl_id, cand.key, res.error or "cannot apply the trace")
         else:
-            db.commit(task.workload, sch.trace, res.run_secs if res.ok else None, target, task.args_info)
-            db.measured_keys(task.workload).add(key)
+            db.commit(task.workload, cand.sch.trace, res.run_secs if res.ok else None, target, task.args_info)
+            db.measured_keys(task.workload).add(cand.key)
         failed += 0 if res.ok else 1
         task.result.trials_measured += 1
         task.result.failed += 0 if res.ok else 1
+        if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
+            running = min(running, mean_run_secs(res.run_secs))
+        task.best_secs = running
         best = overall_best_us()
         history.append(
             TrialRecord(
@@ -528,6 +573,7 @@ def _run_batch(
                 best_us=best,
             )
         )
+    task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
     return failed
 
