@@ -41,7 +41,7 @@ pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
 pub const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
 
 /// The structural rule chosen for one block.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Rule {
     Inline,
     /// Multi-level tiling; `cache` says where results are written back.
@@ -59,7 +59,7 @@ pub enum Rule {
     Root,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WriteCache {
     None,
     Global,
@@ -68,7 +68,7 @@ pub enum WriteCache {
 
 /// Everything that decides one candidate: the rule of each block, its tile sizes and the
 /// annotations. [`emit`] turns it into a trace; mutation and crossover work on it directly.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Genome {
     pub rules: BTreeMap<usize, Rule>,
     /// Per tiled block, the factors of each of its loops (outermost first); per rfactored
