@@ -94,7 +94,7 @@ def _cmd_workloads(_args: argparse.Namespace) -> int:
         for i, args in enumerate(shapes):
             flops = workload_flops(te.create_te_workload(name, i))
             gflop = f"{flops / 1e9:.3f}" if flops else "-"
-            print(f"{name + ':' + str(i):<14} {str(args):<50} {gflop:>10}")
+            print(f"{name + ':' + str(i):<14} {args!s:<50} {gflop:>10}")
     return 0
 
 
@@ -182,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastsearchError as exc:
         print(f"fastsearch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # e.g. `fastsearch workloads | head`
+        return 0
     except KeyboardInterrupt:
         print("fastsearch: interrupted; the database keeps every finished batch", file=sys.stderr)
         return 130

@@ -120,7 +120,9 @@ class TuneResult:
             name = gv.name_hint
             task = self.tasks.get(name)
             if task is not None:
-                sch = ms.tir_integration.compile_tir(self.database.ms_database, task.mod, self.target)
+                sch = ms.tir_integration.compile_tir(
+                    self.database.ms_database, fresh_copy(task.mod), self.target
+                )
                 if sch is not None:
                     func = sch.mod["main"]
                     if self.mod[gv].attrs is not None and "global_symbol" in self.mod[gv].attrs:
@@ -144,8 +146,18 @@ class _Task:
     post: _Postprocessor
     result: TaskResult
     best_secs: float = math.inf
+    pristine: IRModule | None = None  # an untouched copy for the reference output
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
+
+
+def fresh_copy(obj: Any) -> Any:
+    """A deep copy of a TVM IR object.
+
+    A TVM Schedule may rewrite the PrimFunc it was made from in place; the workload, the reference
+    and every sampler get their own copies so no candidate can change the function being tuned.
+    """
+    return tvm.ir.load_json(tvm.ir.save_json(obj))
 
 
 def _resolve_sampler(strategy: str | Sampler) -> Callable[[_Task], Sampler]:
@@ -263,7 +275,7 @@ def _apply(task: _Task, trace: Trace) -> tuple[Schedule | None, str | None]:
     if _needs_tensor_intrin(trace):
         import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics tensorize refers to)
     try:
-        sch = Schedule(task.mod, debug_mask="none", error_render_level="detail")
+        sch = Schedule(fresh_copy(task.mod), debug_mask="none", error_render_level="detail")
         trace.apply_to_schedule(sch, remove_postproc=True)
         if not task.post.apply(sch):
             return None, f"postprocessor {task.post.rejected_by} rejected the candidate"
@@ -357,6 +369,7 @@ def tune(
             workload=workload,
             args_info=list(ms.arg_info.ArgInfo.from_prim_func(tmod["main"])),
             post=_Postprocessor(tmod, tgt),
+            pristine=fresh_copy(tmod),
             result=result,
         )
         best = db.best(workload)
@@ -404,7 +417,7 @@ def tune(
                     n = min(bsize, todo - task.result.trials_measured)
                     exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
                     t0 = time.perf_counter()
-                    drawn = sampler(task.func, tgt, n, _seed_for(seed, ti, round_index), exclude)
+                    drawn = sampler(fresh_copy(task.func), tgt, n, _seed_for(seed, ti, round_index), exclude)
                     timing["search"] += time.perf_counter() - t0
                     round_index += 1
                     t0 = time.perf_counter()
@@ -590,7 +603,7 @@ def _check_candidate(
         if task.reference is None:
             task.inputs = random_arguments(task.args_info, seed=0)
             host = tvm.target.Target("llvm")
-            ref_mod = tvm.compile(task.mod, target=host)
+            ref_mod = tvm.compile(task.pristine, target=host)
             task.reference = run_function(ref_mod, task.inputs, tvm.cpu(0), task.entry)
     except Exception as exc:
         raise MeasurementError(f"task {task.name!r}: cannot compute the reference output: {exc}") from exc
