@@ -74,9 +74,8 @@ def load_workload(spec: str, shape_index: int | None = None, small: bool = False
             shape_index = int(idx_text)
         except ValueError:
             raise UnsupportedWorkload(f"bad shape index {idx_text!r} in {spec!r}") from None
-    te = _te_workload()
     if small:
-        flops = [workload_flops(te.create_te_workload(match, i)) or float("inf") for i in range(len(shapes))]
+        flops = [workload_flops(_create(match, i)) or float("inf") for i in range(len(shapes))]
         shape_index = min(range(len(shapes)), key=lambda i: flops[i])
     if shape_index is None:
         shape_index = 0
@@ -84,17 +83,26 @@ def load_workload(spec: str, shape_index: int | None = None, small: bool = False
         raise UnsupportedWorkload(
             f"workload {match} has shapes 0..{len(shapes) - 1}, not {shape_index} (see `fastsearch workloads`)"
         )
-    return BuiltinWorkload(match, shape_index, shapes[shape_index], te.create_te_workload(match, shape_index))
+    return BuiltinWorkload(match, shape_index, shapes[shape_index], _create(match, shape_index))
+
+
+def _create(family: str, index: int) -> Any:
+    try:
+        return _te_workload().create_te_workload(family, index)
+    except Exception as exc:  # TVM raises assorted errors for workloads it no longer supports
+        raise UnsupportedWorkload(f"TVM cannot create workload {family}:{index}: {exc}") from exc
 
 
 def _cmd_workloads(_args: argparse.Namespace) -> int:
-    te = _te_workload()
-    print(f"{'workload':<14} {'shape arguments':<50} {'GFLOP':>10}")
+    print(f"{'workload':<16} {'shape arguments':<50} {'GFLOP':>10}")
     for name, shapes in list_workloads().items():
         for i, args in enumerate(shapes):
-            flops = workload_flops(te.create_te_workload(name, i))
-            gflop = f"{flops / 1e9:.3f}" if flops else "-"
-            print(f"{name + ':' + str(i):<14} {args!s:<50} {gflop:>10}")
+            try:
+                flops = workload_flops(_create(name, i))
+                gflop = f"{flops / 1e9:.3f}" if flops else "-"
+            except UnsupportedWorkload:
+                gflop = "unavailable in this TVM"
+            print(f"{name + ':' + str(i):<16} {args!s:<50} {gflop:>10}")
     return 0
 
 
