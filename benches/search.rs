@@ -58,7 +58,7 @@ fn forest_json(trees: usize, depth: usize, features: usize) -> String {
 }
 
 fn benches(c: &mut Criterion) {
-    let target = CpuTarget { num_cores: 2 };
+    let target = CpuTarget::new(2);
     for name in ["gmm_512", "cbr_small"] {
         let p = program(name);
         let space = SketchSpace::new(&p);

@@ -6,10 +6,14 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
+use fastsearch_core::model::analytical;
 use fastsearch_core::program::Program;
-use fastsearch_core::sketch::{self, CpuTarget};
+use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
+use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
+use fastsearch_core::search::SearchContext;
+use fastsearch_core::sketch::{self, CpuTarget, Genome, SketchSpace};
 use fastsearch_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -107,11 +111,128 @@ fn sample_sketches(
 ) -> PyResult<Vec<String>> {
     guarded(py, "sample_sketches", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget {
-            num_cores: num_cores.max(1),
-        };
+        let target = CpuTarget::new(num_cores);
         let exclude: HashSet<String> = exclude.into_iter().collect();
         Ok(sketch::sample(&program, &target, n, seed, &exclude))
+    })
+}
+
+fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
+    jsons
+        .iter()
+        .map(|j| serde_json::from_str(j).map_err(|e| Error::Malformed(format!("genome JSON: {e}"))))
+        .collect()
+}
+
+fn genome_json(g: &Genome) -> String {
+    serde_json::to_string(g).unwrap_or_default()
+}
+
+/// Like `sample_sketches`, with each candidate's genome (JSON) next to its key.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new()))]
+fn sample_genomes(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    n: usize,
+    seed: u64,
+    exclude: Vec<String>,
+) -> PyResult<Vec<(String, String)>> {
+    guarded(py, "sample_genomes", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let exclude: HashSet<String> = exclude.into_iter().collect();
+        Ok(sketch::sample_genomes(&program, &target, n, seed, &exclude)
+            .into_iter()
+            .map(|(k, g)| (k, genome_json(&g)))
+            .collect())
+    })
+}
+
+/// The analytical model's scores (higher is better) of candidates given as genome JSON.
+#[pyfunction]
+fn analytical_scores(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    genomes: Vec<String>,
+) -> PyResult<Vec<f64>> {
+    guarded(py, "analytical_scores", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let genomes = parse_genomes(&genomes)?;
+        Ok(analytical::score(&program, &space, &genomes, &target))
+    })
+}
+
+/// Proposes `n` unmeasured candidates with the search `strategy` ("evolutionary" or
+/// "annealing"), scored by the analytical model. `measured` maps keys of measured candidates
+/// to their latency; `seeds` are genomes (JSON) of the best measured, best first.
+/// Returns `(key, genome JSON, score)` triples, best predicted first.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None))]
+#[allow(clippy::too_many_arguments)]
+fn propose(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    strategy: String,
+    n: usize,
+    seed: u64,
+    measured: HashMap<String, f64>,
+    seeds: Vec<String>,
+    population: Option<usize>,
+    generations: Option<usize>,
+) -> PyResult<Vec<(String, String, f64)>> {
+    guarded(py, "propose", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let seeds = parse_genomes(&seeds)?;
+        let ctx = SearchContext {
+            program: &program,
+            space: &space,
+            target: &target,
+            measured: &measured,
+        };
+        let scorer =
+            |p: &Program, s: &SketchSpace, g: &[Genome]| analytical::score(p, s, g, &target);
+        let proposals = match strategy.as_str() {
+            "evolutionary" => {
+                let mut config = EvolutionConfig::default();
+                if let Some(p) = population {
+                    config.population = p;
+                }
+                if let Some(g) = generations {
+                    config.generations = g;
+                }
+                evolve(&ctx, &scorer, &seeds, n, &config, seed)
+            }
+            "annealing" => {
+                let mut config = AnnealingConfig::default();
+                if let Some(p) = population {
+                    config.chains = p;
+                }
+                if let Some(g) = generations {
+                    config.steps = g;
+                }
+                anneal(&ctx, &scorer, &seeds, n, &config, seed)
+            }
+            other => {
+                return Err(Error::Malformed(format!(
+                    "unknown search strategy `{other}`"
+                )))
+            }
+        };
+        Ok(proposals
+            .into_iter()
+            .map(|p| (p.key, genome_json(&p.genome), p.score))
+            .collect())
     })
 }
 
@@ -126,6 +247,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
+    m.add_function(wrap_pyfunction!(analytical_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(propose, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

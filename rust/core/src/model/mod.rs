@@ -3,6 +3,7 @@
 //! * [`xgb`] — gradient-boosted trees trained by the XGBoost Python package, evaluated here from
 //!   the booster's JSON so scoring thousands of candidates costs microseconds each.
 
+pub mod analytical;
 pub mod xgb;
 
 pub use xgb::Forest;

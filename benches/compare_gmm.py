@@ -1,0 +1,195 @@
+"""Side by side on one machine: fastsearch vs MetaSchedule's ``tune_tir`` on GMM, and numpy's BLAS.
+
+Both tuners get the same workload, target (host CPU with ``mcpu`` and ``num-cores``), number of
+measured trials and seed, each in its own fresh work directory. Their best kernels are then
+compiled from their databases and re-timed here with one and the same ``time_evaluator`` setting,
+so the comparison does not depend on how each measured during tuning. numpy's ``matmul`` on the
+same shape is the physical reference.
+
+    python benches/compare_gmm.py --trials 64 --out gmm.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from fastsearch.cli import load_workload, workload_flops
+from fastsearch.measure import random_arguments
+from fastsearch.target import physical_cores, resolve_target
+from fastsearch.tune import TuneResult, tune
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+
+def retime(lib: tvm.runtime.Module, func: Any, repeat: int) -> list[float]:
+    """Seconds per call of ``main``, ``repeat`` repeats of at least 100 ms each."""
+    dev = tvm.cpu(0)
+    args = [tvm.runtime.tensor(a, dev) for a in random_arguments(ms.arg_info.ArgInfo.from_prim_func(func))]
+    timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=100)
+    return [float(x) for x in timer(*args).results]
+
+
+def run_fastsearch(func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path) -> TuneResult:
+    return tune(func, target, trials=trials, seed=seed, work_dir=work, progress=True, name="GMM")
+
+
+def run_metaschedule(
+    func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path
+) -> tuple[Any, float | None]:
+    """MetaSchedule's default tuning; returns its database and its best mean run time (us)."""
+    db = ms.tune_tir(
+        mod=func,
+        target=target,
+        work_dir=str(work),
+        max_trials_global=trials,
+        num_trials_per_iter=min(64, trials),
+        seed=seed,
+    )
+    workload = db.commit_workload(_normalize_mod(func))
+    top = db.get_top_k(workload, 1)
+    best = statistics.fmean(float(s) for s in top[0].run_secs) * 1e6 if len(top) else None
+    return db, best
+
+
+def time_numpy(shape: tuple, repeat: int) -> list[float]:
+    """Seconds per ``np.matmul`` of the GMM operands, ``repeat`` repeats of at least 100 ms."""
+    b, n, m, k = shape
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (b, n, k)).astype("float32")
+    y = rng.uniform(-1, 1, (b, k, m)).astype("float32")
+    out = np.empty((b, n, m), "float32")
+    np.matmul(x, y, out=out)  # warm-up
+    t0 = time.perf_counter()
+    np.matmul(x, y, out=out)
+    once = max(time.perf_counter() - t0, 1e-7)
+    number = max(1, int(0.1 / once))
+    results = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            np.matmul(x, y, out=out)
+        results.append((time.perf_counter() - t0) / number)
+    return results
+
+
+def gflops(flops: float | None, us: float | None) -> str:
+    return f"{flops / (us * 1e-6) / 1e9:.1f}" if flops and us else "-"
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return f"{x:.{digits}f}" if x is not None else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="GMM:2", help="te_workload FAMILY:INDEX (default GMM:2)")
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=10, help="repeats when re-timing the best kernels")
+    parser.add_argument("--work-dir", default=None, help="where both databases go (default: a temp dir)")
+    parser.add_argument("--skip-metaschedule", action="store_true", help="fastsearch and numpy only")
+    parser.add_argument("--out", default=None, help="write the table as markdown to this file")
+    args = parser.parse_args(argv)
+
+    wl = load_workload(args.workload)
+    func = wl.func
+    flops = workload_flops(func)
+    target = resolve_target(None)
+    base = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="compare_gmm_"))
+    base.mkdir(parents=True, exist_ok=True)
+    for sub in ("fastsearch", "metaschedule"):
+        if (base / sub).exists() and any((base / sub).iterdir()):
+            parser.error(f"{base / sub} is not empty; each run needs fresh work directories")
+
+    print(f"{wl.name} {wl.shape}, {args.trials} trials, seed {args.seed}, target {target}", file=sys.stderr)
+
+    t0 = time.perf_counter()
+    fs = run_fastsearch(func, target, args.trials, args.seed, base / "fastsearch")
+    fs_wall = time.perf_counter() - t0
+    fs_retimed = statistics.median(retime(fs.compile(), func, args.repeat)) * 1e6
+
+    ms_wall = ms_tuned = ms_retimed = None
+    if not args.skip_metaschedule:
+        t0 = time.perf_counter()
+        ms_db, ms_tuned = run_metaschedule(func, target, args.trials, args.seed, base / "metaschedule")
+        ms_wall = time.perf_counter() - t0
+        sch = ms.tir_integration.compile_tir(ms_db, func, target)
+        if sch is not None:
+            ms_retimed = (
+                statistics.median(retime(tvm.compile(sch.mod, target=target), func, args.repeat)) * 1e6
+            )
+
+    np_us = statistics.median(time_numpy(tuple(wl.shape), args.repeat)) * 1e6
+
+    parity = None
+    if ms_tuned is not None:
+        for h in fs.history:
+            if h.best_us is not None and h.best_us <= ms_tuned:
+                parity = (h.trial, h.elapsed_s)
+                break
+
+    rows = [
+        ("fastsearch", fs.best_latency_us, fs_retimed, fs_wall),
+        ("MetaSchedule tune_tir", ms_tuned, ms_retimed, ms_wall),
+        ("numpy matmul (BLAS)", None, np_us, None),
+    ]
+    lines = [
+        f"## {wl.name} {tuple(wl.shape)}: fastsearch vs MetaSchedule, {args.trials} trials",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+        f"host: {platform.processor() or platform.machine()}, {physical_cores()} physical cores",
+        f"- target: `{target}`; seed {args.seed}; TVM {tvm.__version__}",
+        f"- best kernels re-timed here: median of {args.repeat} repeats of >= 100 ms "
+        "(`time_evaluator`, same for both)",
+        "",
+        "| method | best during tuning (us) | re-timed (us) | GFLOP/s (re-timed) | wall time (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, tuned, retimed, wall in rows:
+        if name.startswith("MetaSchedule") and args.skip_metaschedule:
+            continue
+        lines.append(f"| {name} | {fmt(tuned)} | {fmt(retimed)} | {gflops(flops, retimed)} | {fmt(wall)} |")
+    lines.append("")
+    if ms_retimed and fs_retimed:
+        lines.append(
+            f"- fastsearch / MetaSchedule best latency (re-timed): **{fs_retimed / ms_retimed:.3f}**"
+        )
+    if ms_wall and fs_wall:
+        lines.append(f"- fastsearch / MetaSchedule wall time: **{fs_wall / ms_wall:.3f}**")
+    if ms_tuned is not None:
+        lines.append(
+            f"- fastsearch reached MetaSchedule's final best after trial {parity[0]} ({parity[1]:.1f} s)"
+            if parity
+            else "- fastsearch did not reach MetaSchedule's final best"
+        )
+    lines.append(f"- fastsearch / numpy latency: {fs_retimed / np_us:.2f}")
+    t = fs.timing
+    breakdown = ", ".join(
+        f"{k} {t[k]:.1f} s" for k in ("search", "apply", "build", "run", "verify", "database", "model")
+    )
+    lines.append(
+        f"- fastsearch time: total {t['total']:.1f} s: {breakdown}; "
+        f"{fs.trials_measured} measured, {fs.failed} failed; "
+        f"search per measured candidate {1e3 * t['search'] / max(1, fs.trials_measured):.1f} ms"
+    )
+    lines.append(f"- databases: `{base}`")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
