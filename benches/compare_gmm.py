@@ -13,29 +13,32 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tvm
 from fastsearch.cli import load_workload, workload_flops
-from fastsearch.measure import random_arguments
+from fastsearch.measure import build_module, random_arguments
 from fastsearch.target import physical_cores, resolve_target
 from fastsearch.tune import TuneResult, tune
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 
-def retime(lib: tvm.runtime.Module, func: Any, repeat: int) -> list[float]:
+def retime(lib: tvm.runtime.Executable, func: Any, repeat: int) -> list[float]:
     """Seconds per call of ``main``, ``repeat`` repeats of at least 100 ms each."""
     dev = tvm.cpu(0)
+    mod = lib.jit()
     args = [tvm.runtime.tensor(a, dev) for a in random_arguments(ms.arg_info.ArgInfo.from_prim_func(func))]
-    timer = lib.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=100)
+    timer = mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=100)
     return [float(x) for x in timer(*args).results]
 
 
@@ -44,9 +47,15 @@ def run_fastsearch(func: Any, target: tvm.target.Target, trials: int, seed: int,
 
 
 def run_metaschedule(
-    func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path
+    func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path, default_builder: bool
 ) -> tuple[Any, float | None]:
-    """MetaSchedule's default tuning; returns its database and its best mean run time (us)."""
+    """MetaSchedule's default tuning; returns its database and its best mean run time (us).
+
+    Unless ``default_builder``, its LocalBuilder uses fastsearch's build function (MetaSchedule's
+    own minus the tensor-intrinsic import that every fresh build worker repeats, which alone
+    can exceed the builder's 30 s timeout on a small machine), so both tuners build identically.
+    """
+    builder = "local" if default_builder else ms.builder.LocalBuilder(f_build=build_module)
     db = ms.tune_tir(
         mod=func,
         target=target,
@@ -54,6 +63,7 @@ def run_metaschedule(
         max_trials_global=trials,
         num_trials_per_iter=min(64, trials),
         seed=seed,
+        builder=builder,
     )
     workload = db.commit_workload(_normalize_mod(func))
     top = db.get_top_k(workload, 1)
@@ -61,25 +71,45 @@ def run_metaschedule(
     return db, best
 
 
-def time_numpy(shape: tuple, repeat: int) -> list[float]:
-    """Seconds per ``np.matmul`` of the GMM operands, ``repeat`` repeats of at least 100 ms."""
-    b, n, m, k = shape
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (b, n, k)).astype("float32")
-    y = rng.uniform(-1, 1, (b, k, m)).astype("float32")
-    out = np.empty((b, n, m), "float32")
-    np.matmul(x, y, out=out)  # warm-up
+_NUMPY_TIMER = """
+import json, sys, time
+import numpy as np
+b, n, m, k, repeat = json.loads(sys.argv[1])
+rng = np.random.default_rng(0)
+x = rng.uniform(-1, 1, (b, n, k)).astype("float32")
+y = rng.uniform(-1, 1, (b, k, m)).astype("float32")
+out = np.empty((b, n, m), "float32")
+np.matmul(x, y, out=out)
+t0 = time.perf_counter()
+np.matmul(x, y, out=out)
+number = max(1, int(0.1 / max(time.perf_counter() - t0, 1e-7)))
+res = []
+for _ in range(repeat):
     t0 = time.perf_counter()
-    np.matmul(x, y, out=out)
-    once = max(time.perf_counter() - t0, 1e-7)
-    number = max(1, int(0.1 / once))
-    results = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            np.matmul(x, y, out=out)
-        results.append((time.perf_counter() - t0) / number)
-    return results
+    for _ in range(number):
+        np.matmul(x, y, out=out)
+    res.append((time.perf_counter() - t0) / number)
+print(json.dumps(res))
+"""
+
+
+def time_numpy(shape: tuple, repeat: int, threads: int) -> list[float]:
+    """Seconds per ``np.matmul`` of the GMM operands with ``threads`` BLAS threads.
+
+    Runs in a fresh process: the BLAS thread count is fixed at import, and TVM's thread pool in
+    this process would compete with BLAS threads for the cores.
+    """
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    out = subprocess.run(
+        [sys.executable, "-c", _NUMPY_TIMER, json.dumps([*shape, repeat])],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return [float(x) for x in json.loads(out.stdout)]
 
 
 def gflops(flops: float | None, us: float | None) -> str:
@@ -98,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=10, help="repeats when re-timing the best kernels")
     parser.add_argument("--work-dir", default=None, help="where both databases go (default: a temp dir)")
     parser.add_argument("--skip-metaschedule", action="store_true", help="fastsearch and numpy only")
+    parser.add_argument(
+        "--ms-default-builder",
+        action="store_true",
+        help="MetaSchedule's own build function (imports all tensor intrinsics in every build worker)",
+    )
     parser.add_argument("--out", default=None, help="write the table as markdown to this file")
     args = parser.parse_args(argv)
 
@@ -121,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ms_wall = ms_tuned = ms_retimed = None
     if not args.skip_metaschedule:
         t0 = time.perf_counter()
-        ms_db, ms_tuned = run_metaschedule(func, target, args.trials, args.seed, base / "metaschedule")
+        ms_db, ms_tuned = run_metaschedule(
+            func, target, args.trials, args.seed, base / "metaschedule", args.ms_default_builder
+        )
         ms_wall = time.perf_counter() - t0
         sch = ms.tir_integration.compile_tir(ms_db, func, target)
         if sch is not None:
@@ -129,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
                 statistics.median(retime(tvm.compile(sch.mod, target=target), func, args.repeat)) * 1e6
             )
 
-    np_us = statistics.median(time_numpy(tuple(wl.shape), args.repeat)) * 1e6
+    # numpy with one BLAS thread and with one per core; the faster one is reported
+    np_times = {
+        th: statistics.median(time_numpy(tuple(wl.shape), args.repeat, th)) * 1e6
+        for th in sorted({1, physical_cores()})
+    }
+    np_threads, np_us = min(np_times.items(), key=lambda kv: kv[1])
 
     parity = None
     if ms_tuned is not None:
@@ -138,19 +180,32 @@ def main(argv: list[str] | None = None) -> int:
                 parity = (h.trial, h.elapsed_s)
                 break
 
+    now = datetime.datetime.now(datetime.timezone.utc)
+    host = platform.processor() or platform.machine()
+    how = "`time_evaluator`, the same for both tuners"
+    builder_note = (
+        "its own LocalBuilder"
+        if args.ms_default_builder
+        else "LocalBuilder with fastsearch's build function (same build as fastsearch)"
+    )
     rows = [
         ("fastsearch", fs.best_latency_us, fs_retimed, fs_wall),
         ("MetaSchedule tune_tir", ms_tuned, ms_retimed, ms_wall),
-        ("numpy matmul (BLAS)", None, np_us, None),
+        (f"numpy matmul (BLAS, {np_threads} thread{'s' if np_threads > 1 else ''})", None, np_us, None),
     ]
     lines = [
         f"## {wl.name} {tuple(wl.shape)}: fastsearch vs MetaSchedule, {args.trials} trials",
         "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-        f"host: {platform.processor() or platform.machine()}, {physical_cores()} physical cores",
+        f"- date: {now:%Y-%m-%d %H:%M} UTC; host: {host}, {physical_cores()} physical cores",
         f"- target: `{target}`; seed {args.seed}; TVM {tvm.__version__}",
-        f"- best kernels re-timed here: median of {args.repeat} repeats of >= 100 ms "
-        "(`time_evaluator`, same for both)",
+        f"- best kernels re-timed here: median of {args.repeat} repeats of >= 100 ms ({how})",
+        *(
+            []
+            if args.skip_metaschedule
+            else [
+                f"- MetaSchedule: `tune_tir` defaults (evolutionary search, XGBoost, LocalRunner), {builder_note}"
+            ]
+        ),
         "",
         "| method | best during tuning (us) | re-timed (us) | GFLOP/s (re-timed) | wall time (s) |",
         "|---|---:|---:|---:|---:|",
@@ -172,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             if parity
             else "- fastsearch did not reach MetaSchedule's final best"
         )
-    lines.append(f"- fastsearch / numpy latency: {fs_retimed / np_us:.2f}")
+    lines.append(
+        f"- fastsearch / numpy latency: {fs_retimed / np_us:.2f} (numpy by BLAS threads: "
+        + ", ".join(f"{th}: {us:.1f} us" for th, us in np_times.items())
+        + ")"
+    )
     t = fs.timing
     breakdown = ", ".join(
         f"{k} {t[k]:.1f} s" for k in ("search", "apply", "build", "run", "verify", "database", "model")
