@@ -9,15 +9,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::collections::{HashMap, HashSet};
 
 use fastsearch_core::model::analytical;
+use fastsearch_core::model::sketch_features::{sketch_features, SKETCH_FEATURES};
+use fastsearch_core::model::{Forest, HybridScorer};
 use fastsearch_core::program::Program;
 use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
 use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
 use fastsearch_core::search::SearchContext;
 use fastsearch_core::sketch::{self, CpuTarget, Genome, SketchSpace};
 use fastsearch_core::Error;
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use rayon::prelude::*;
 
 create_exception!(
     _core,
@@ -174,7 +178,7 @@ fn analytical_scores(
 /// to their latency; `seeds` are genomes (JSON) of the best measured, best first.
 /// Returns `(key, genome JSON, score)` triples, best predicted first.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0))]
 #[allow(clippy::too_many_arguments)]
 fn propose(
     py: Python<'_>,
@@ -188,6 +192,8 @@ fn propose(
     seeds: Vec<String>,
     population: Option<usize>,
     generations: Option<usize>,
+    model_json: Option<String>,
+    model_weight: f64,
 ) -> PyResult<Vec<(String, String, f64)>> {
     guarded(py, "propose", move || {
         let program = Program::from_json(&program_json)?;
@@ -200,8 +206,15 @@ fn propose(
             target: &target,
             measured: &measured,
         };
-        let scorer =
-            |p: &Program, s: &SketchSpace, g: &[Genome]| analytical::score(p, s, g, &target);
+        let forest = model_json.as_deref().map(Forest::from_json).transpose()?;
+        let scorer = HybridScorer::new(
+            &program,
+            &space,
+            &target,
+            forest,
+            model_weight,
+            seeds.first(),
+        );
         let proposals = match strategy.as_str() {
             "evolutionary" => {
                 let mut config = EvolutionConfig::default();
@@ -236,6 +249,44 @@ fn propose(
     })
 }
 
+/// The sketch-level features of candidates (genome JSON), one row each: `(n, SKETCH_FEATURES)`.
+#[pyfunction]
+fn sketch_feature_rows<'py>(
+    py: Python<'py>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    genomes: Vec<String>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let (rows, n) = guarded(py, "sketch_feature_rows", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let genomes = parse_genomes(&genomes)?;
+        let rows: Vec<f32> = genomes
+            .par_iter()
+            .flat_map_iter(|g| sketch_features(&program, &space, g, &target))
+            .collect();
+        Ok((rows, genomes.len()))
+    })?;
+    // The Vec moves into the array: no copy.
+    PyArray1::from_vec(py, rows).reshape([n, SKETCH_FEATURES])
+}
+
+/// Margins of an XGBoost model (booster JSON) on feature rows, evaluated in Rust.
+#[pyfunction]
+fn forest_predict(
+    py: Python<'_>,
+    model_json: String,
+    rows: PyReadonlyArray2<'_, f32>,
+) -> PyResult<Vec<f32>> {
+    let width = rows.shape()[1];
+    let data: Vec<f32> = rows.as_array().iter().copied().collect();
+    guarded(py, "forest_predict", move || {
+        Ok(Forest::from_json(&model_json)?.predict(&data, width))
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -250,6 +301,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(analytical_scores, m)?)?;
     m.add_function(wrap_pyfunction!(propose, m)?)?;
+    m.add_function(wrap_pyfunction!(sketch_feature_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(forest_predict, m)?)?;
+    m.add(
+        "SKETCH_FEATURE_NAMES",
+        fastsearch_core::model::sketch_features::SKETCH_FEATURE_NAMES.to_vec(),
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

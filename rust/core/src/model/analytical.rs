@@ -113,8 +113,36 @@ fn vector_efficiency(
     }
 }
 
-/// Estimated cycles of one block under its rule.
-fn block_cycles(program: &Program, genome: &Genome, block: usize, target: &CpuTarget) -> f64 {
+/// What the model works out for one block of a candidate; also the learned model's features.
+#[derive(Clone, Debug, Default)]
+pub struct BlockEstimate {
+    pub flops: f64,
+    pub cycles: f64,
+    pub compute_cycles: f64,
+    pub memory_cycles: f64,
+    pub parallel_efficiency: f64,
+    pub vector_efficiency: f64,
+    /// Extent of the innermost loop, and whether it is the output's contiguous axis.
+    pub inner_extent: f64,
+    pub inner_contiguous: bool,
+    /// Accumulators of the register tile (spatial extents of the innermost tile level).
+    pub accumulators: f64,
+    /// Bytes of reads touched by the L2-level and L1-level tiles, and bytes moved into them.
+    pub l2_footprint: f64,
+    pub l1_footprint: f64,
+    pub l2_moved: f64,
+    pub l1_moved: f64,
+    /// Products of the tile factors of each SSRSRS level (spatial 0..4, then reduction 0..2).
+    pub level_extents: [f64; 6],
+}
+
+/// Estimates one block under its rule.
+pub fn estimate_block(
+    program: &Program,
+    genome: &Genome,
+    block: usize,
+    target: &CpuTarget,
+) -> BlockEstimate {
     let b = &program.blocks[block];
     let ops = OpCounts::of_block(program, b);
     let iterations: f64 = b.iter_vars.iter().map(|v| v.extent as f64).product();
@@ -135,6 +163,11 @@ fn block_cycles(program: &Program, genome: &Genome, block: usize, target: &CpuTa
         Some(u) if *u <= 64 => 0.9,
         _ => 0.95,
     };
+    let cores = target.num_cores as f64;
+    let mut e = BlockEstimate {
+        flops,
+        ..Default::default()
+    };
     match (genome.rules.get(&block), genome.tiles.get(&block)) {
         (Some(Rule::Tile { cache, .. }), Some(tiles)) => {
             let mut levels: Vec<Vec<LoopDim>> = vec![Vec::new(); 6];
@@ -150,29 +183,36 @@ fn block_cycles(program: &Program, genome: &Genome, block: usize, target: &CpuTa
                     });
                 }
             }
+            // Report levels as S0 S1 S2 S3 R0 R1.
+            for (i, slot) in [0, 1, 3, 5, 2, 4].iter().enumerate() {
+                e.level_extents[i] = levels[*slot].iter().map(|l| l.extent).product();
+            }
             let nest: Vec<LoopDim> = levels.concat();
             let n_outer2 = levels[0].len() + levels[1].len();
             let n_outer1 = n_outer2 + levels[2].len();
-            let (fp2, moved2) = traffic(&reads, &nest[..n_outer2], &nest[n_outer2..]);
-            let (_, moved1) = traffic(&reads, &nest[..n_outer1], &nest[n_outer1..]);
+            (e.l2_footprint, e.l2_moved) = traffic(&reads, &nest[..n_outer2], &nest[n_outer2..]);
+            (e.l1_footprint, e.l1_moved) = traffic(&reads, &nest[..n_outer1], &nest[n_outer1..]);
             let out_bytes = program.buffers[b.writes[0].buffer].element_bytes() as f64;
-            // Accumulators of the register tile: spatial extents of S2 and S3.
-            let acc: f64 = levels[3]
-                .iter()
-                .chain(&levels[5])
-                .map(|l| l.extent)
-                .product();
-            let spill = if acc / lanes > VECTOR_REGISTERS {
-                acc / lanes / VECTOR_REGISTERS
+            // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
+            e.accumulators = levels[5].iter().map(|l| l.extent).product();
+            let spill = (e.accumulators / lanes / VECTOR_REGISTERS).max(1.0);
+            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
+            let inner = nest.last();
+            e.inner_extent = inner.map_or(1.0, |l| l.extent);
+            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
+            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill;
+            let l1_bw = if e.l2_footprint <= L1_BYTES {
+                L1_BW
             } else {
-                1.0
+                L2_BW
             };
-            let par = parallel_efficiency(&nest, genome.parallel, target.num_cores);
-            let vec = vector_efficiency(nest.last(), contiguous_var, genome.vectorize, lanes);
-            let compute = flops / (2.0 * lanes * vec) * spill;
-            let outer_bw = if fp2 <= L2_BYTES { L2_BW } else { MEM_BW };
-            let mut memory =
-                moved1 / L1_BW.min(if fp2 <= L1_BYTES { L1_BW } else { L2_BW }) + moved2 / outer_bw;
+            let outer_bw = if e.l2_footprint <= L2_BYTES {
+                L2_BW
+            } else {
+                MEM_BW
+            };
+            e.memory_cycles = e.l1_moved / l1_bw + e.l2_moved / outer_bw;
             // Results written back: through a cache stage once per tile, else on every reduction step.
             let spatial_points: f64 = b
                 .iter_vars
@@ -180,17 +220,12 @@ fn block_cycles(program: &Program, genome: &Genome, block: usize, target: &CpuTa
                 .filter(|v| v.kind == IterKind::Spatial)
                 .map(|v| v.extent as f64)
                 .product();
-            memory += match cache {
-                WriteCache::None => {
-                    spatial_points * out_bytes * levels[2].iter().map(|l| l.extent).product::<f64>()
-                        / L1_BW
-                }
+            e.memory_cycles += match cache {
+                WriteCache::None => spatial_points * out_bytes * e.level_extents[4] / L1_BW,
                 _ => spatial_points * out_bytes / L2_BW,
             };
-            (compute.max(memory) + 0.1 * compute.min(memory)) / (par * target.num_cores as f64)
-                * unroll_bonus
         }
-        (Some(Rule::Inline), _) => 0.0,
+        (Some(Rule::Inline), _) => return e,
         (rule, _) => {
             let nest: Vec<LoopDim> = b
                 .iter_vars
@@ -202,21 +237,30 @@ fn block_cycles(program: &Program, genome: &Genome, block: usize, target: &CpuTa
                     spatial: iv.kind == IterKind::Spatial,
                 })
                 .collect();
-            let mut par = parallel_efficiency(&nest, genome.parallel, target.num_cores);
+            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
             if let Some(Rule::RFactor { .. }) = rule {
                 // rfactor turns part of the reduction into a parallel spatial axis.
-                par = par.max(0.9);
+                e.parallel_efficiency = e.parallel_efficiency.max(0.9);
             }
             if let Some(Rule::ComputeAt { .. }) = rule {
                 // Computed inside its consumer: parallel with it, and its result stays in cache.
-                par = par.max(0.8);
+                e.parallel_efficiency = e.parallel_efficiency.max(0.8);
             }
-            let vec = vector_efficiency(nest.last(), contiguous_var, genome.vectorize, lanes);
-            let bytes: f64 = reads.iter().map(|(_, by)| iterations * by).sum();
-            let compute = flops / (2.0 * lanes * vec);
-            (compute.max(bytes / L2_BW)) / (par * target.num_cores as f64) * unroll_bonus
+            let inner = nest.last();
+            e.inner_extent = inner.map_or(1.0, |l| l.extent);
+            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
+            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency);
+            e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
+            e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
         }
     }
+    let (hi, lo) = (
+        e.compute_cycles.max(e.memory_cycles),
+        e.compute_cycles.min(e.memory_cycles),
+    );
+    e.cycles = (hi + 0.1 * lo) / (e.parallel_efficiency.max(1e-3) * cores) * unroll_bonus;
+    e
 }
 
 /// Estimated cycles of a whole candidate (lower is better).
@@ -229,7 +273,7 @@ pub fn estimate_cycles(
     space
         .infos
         .iter()
-        .map(|i| block_cycles(program, genome, i.block, target))
+        .map(|i| estimate_block(program, genome, i.block, target).cycles)
         .sum()
 }
 
