@@ -58,7 +58,23 @@ def num_cores(target: tvm.target.Target) -> int:
     return int(value) if value is not None else 1
 
 
-def replay(func: tvm.tirx.PrimFunc, trace_json: str | list[Any], postprocessor: Postprocessor | None) -> Schedule | None:
+def vector_bytes(target: tvm.target.Target) -> int:
+    """SIMD width the target's LLVM CPU has: 64 with AVX-512, 32 with AVX2, else 16."""
+    from tvm.target.codegen import target_has_features
+
+    try:
+        if target_has_features("avx512f", target):
+            return 64
+        if target_has_features("avx2", target):
+            return 32
+    except tvm.TVMError:
+        pass
+    return 16
+
+
+def replay(
+    func: tvm.tirx.PrimFunc, trace_json: str | list[Any], postprocessor: Postprocessor | None
+) -> Schedule | None:
     """Applies a trace to a fresh schedule of ``func``; None when TVM refuses it."""
     sch = Schedule(tvm.IRModule({"main": func}))
     obj = json.loads(trace_json) if isinstance(trace_json, str) else trace_json
