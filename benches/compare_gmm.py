@@ -33,17 +33,25 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 
-def retime(lib: tvm.runtime.Executable, func: Any, repeat: int) -> list[float]:
-    """Seconds per call of ``main``, ``repeat`` repeats of at least 100 ms each."""
+def retime(libs: list[tvm.runtime.Executable], func: Any, repeat: int) -> list[list[float]]:
+    """Seconds per call of ``main`` of each library: ``repeat`` rounds, each timing every library
+    once for at least 100 ms, interleaved so that load changes on a shared machine hit all alike."""
     dev = tvm.cpu(0)
-    mod = lib.jit()
     args = [tvm.runtime.tensor(a, dev) for a in random_arguments(ms.arg_info.ArgInfo.from_prim_func(func))]
-    timer = mod.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=100)
-    return [float(x) for x in timer(*args).results]
+    timers = [lib.jit().time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=100) for lib in libs]
+    for timer in timers:
+        timer(*args)  # warm-up
+    results: list[list[float]] = [[] for _ in libs]
+    for _ in range(repeat):
+        for i, timer in enumerate(timers):
+            results[i].append(float(timer(*args).results[0]))
+    return results
 
 
-def run_fastsearch(func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path) -> TuneResult:
-    return tune(func, target, trials=trials, seed=seed, work_dir=work, progress=True, name="GMM")
+def run_fastsearch(
+    func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path, strategy: str
+) -> TuneResult:
+    return tune(func, target, trials=trials, seed=seed, work_dir=work, strategy=strategy, name="GMM")
 
 
 def run_metaschedule(
@@ -125,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="GMM:2", help="te_workload FAMILY:INDEX (default GMM:2)")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--strategy", default="evolutionary", help="fastsearch strategy: random, evolutionary, annealing"
+    )
     parser.add_argument("--repeat", type=int, default=10, help="repeats when re-timing the best kernels")
     parser.add_argument("--work-dir", default=None, help="where both databases go (default: a temp dir)")
     parser.add_argument("--skip-metaschedule", action="store_true", help="fastsearch and numpy only")
@@ -149,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{wl.name} {wl.shape}, {args.trials} trials, seed {args.seed}, target {target}", file=sys.stderr)
 
     t0 = time.perf_counter()
-    fs = run_fastsearch(func, target, args.trials, args.seed, base / "fastsearch")
+    fs = run_fastsearch(func, target, args.trials, args.seed, base / "fastsearch", args.strategy)
     fs_wall = time.perf_counter() - t0
-    fs_retimed = statistics.median(retime(fs.compile(), func, args.repeat)) * 1e6
+    libs = [fs.compile()]
 
     ms_wall = ms_tuned = ms_retimed = None
     if not args.skip_metaschedule:
@@ -162,9 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         ms_wall = time.perf_counter() - t0
         sch = ms.tir_integration.compile_tir(ms_db, func, target)
         if sch is not None:
-            ms_retimed = (
-                statistics.median(retime(tvm.compile(sch.mod, target=target), func, args.repeat)) * 1e6
-            )
+            libs.append(tvm.compile(sch.mod, target=target))
+
+    retimed = [statistics.median(times) * 1e6 for times in retime(libs, func, args.repeat)]
+    fs_retimed = retimed[0]
+    if len(retimed) > 1:
+        ms_retimed = retimed[1]
 
     # numpy with one BLAS thread and with one per core; the faster one is reported
     np_times = {
@@ -182,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
 
     now = datetime.datetime.now(datetime.timezone.utc)
     host = platform.processor() or platform.machine()
-    how = "`time_evaluator`, the same for both tuners"
+    how = "`time_evaluator`, interleaved, the same for both tuners"
     builder_note = (
         "its own LocalBuilder"
         if args.ms_default_builder
         else "LocalBuilder with fastsearch's build function (same build as fastsearch)"
     )
     rows = [
-        ("fastsearch", fs.best_latency_us, fs_retimed, fs_wall),
+        (f"fastsearch ({args.strategy})", fs.best_latency_us, fs_retimed, fs_wall),
         ("MetaSchedule tune_tir", ms_tuned, ms_retimed, ms_wall),
         (f"numpy matmul (BLAS, {np_threads} thread{'s' if np_threads > 1 else ''})", None, np_us, None),
     ]

@@ -170,3 +170,34 @@ def test_bad_inputs_raise_typed_errors(tmp_path):
         tune("not a function", trials=1, work_dir=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="strategy"):
         tune(gmm(), TARGET, trials=1, work_dir=tmp_path, strategy="no-such-strategy")
+
+
+class _Recorder:
+    """A strategy with feedback: draws fastsearch's candidates and records what tune() reports."""
+
+    def __init__(self) -> None:
+        self.updates: list[list[tuple[str, float | None]]] = []
+
+    def __call__(self, func, target, n, seed, exclude):
+        return sample_candidates(func, target, n, seed, exclude)
+
+    def update(self, func, measured):
+        self.updates.append(list(measured))
+
+
+def test_strategy_feedback_and_warm_start(tmp_path):
+    first = _Recorder()
+    result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, strategy=first, batch_size=2, progress=False)
+    assert [len(u) for u in first.updates] == [2, 2]
+    reported = [item for u in first.updates for item in u]
+    db = TuningDatabase(tmp_path)
+    stored = db.records(db.commit_workload(_normalize_mod(gmm())))
+    assert sorted(k for k, _ in reported) == sorted(candidate_key(r.trace) for r in stored)
+    for (_, secs), h in zip(reported, result.history):
+        assert secs is not None and secs * 1e6 == pytest.approx(h.latency_us)
+
+    second = _Recorder()
+    tune(gmm(), TARGET, trials=6, work_dir=tmp_path, strategy=second, batch_size=2, progress=False)
+    assert sorted(second.updates[0]) == sorted(reported)  # warm start with the stored records
+    assert [len(u) for u in second.updates] == [4, 2]
+    assert result.timing["model"] >= 0

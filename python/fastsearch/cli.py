@@ -117,13 +117,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         enable_cpu_cache_flush=args.cache_flush,
         build_workers=args.build_workers,
     )
-    print(f"tuning {wl.name} {wl.shape} for {args.trials} trials (seed {args.seed})", file=sys.stderr)
+    print(
+        f"tuning {wl.name} {wl.shape}: {args.trials} trials, {args.strategy} search, seed {args.seed}",
+        file=sys.stderr,
+    )
     result = tune(
         wl.func,
         args.target,
         trials=args.trials,
         seed=args.seed,
         work_dir=args.work_dir,
+        strategy=args.strategy,
         batch_size=args.batch_size,
         measure=measure,
         verify=not args.no_verify,
@@ -131,6 +135,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         name=wl.name,
     )
     print(summary(wl.name, wl.shape, result, workload_flops(wl.func)))
+    if args.history:
+        print(f"history      {result.write_history(args.history)}")
     return 0
 
 
@@ -167,12 +173,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="database directory (default ./fastsearch_work/NAME)")
     p.add_argument("--target", default=None, help='"llvm" (this CPU, default) or a target JSON dict')
+    p.add_argument(
+        "--strategy",
+        default="random",
+        choices=["random", "evolutionary", "annealing"],
+        help="random sketch sampling, or model-guided evolutionary search / simulated annealing",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="candidates per measured batch")
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
     p.add_argument("--min-repeat-ms", type=int, default=40)
     p.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
+    p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser

@@ -11,6 +11,7 @@ twice.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -28,8 +29,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
-from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs
-from fastsearch.errors import FastsearchError, MeasurementError, UnsupportedWorkload
+from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
+from fastsearch.errors import MeasurementError, UnsupportedWorkload
 from fastsearch.measure import (
     MeasureConfig,
     Measurer,
@@ -46,7 +47,10 @@ __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 #: A candidate generator ``(func, target, n, seed, exclude) -> list`` of at most ``n`` distinct
 #: candidates whose key (:func:`fastsearch.database.candidate_key`) is not in ``exclude``. Items are
 #: ``fastsearch.sample.Candidate`` objects (``key`` and a postprocessed ``schedule``) or plain
-#: :class:`tvm.s_tir.Trace` objects, which tune() replays and postprocesses itself.
+#: :class:`tvm.s_tir.Trace` objects, which tune() replays and postprocesses itself. A sampler that
+#: also has ``update(func, measured)`` gets, after every batch, ``measured = [(key, mean seconds or
+#: None for a failure)]``, and once at the start the records already stored (warm start); the time
+#: it takes is reported as ``model``.
 Sampler = Callable[[tvm.tirx.PrimFunc, tvm.target.Target, int, int, set], list]
 
 APPLY_FAILURES_FILE = "fastsearch_apply_failures.jsonl"
@@ -113,6 +117,19 @@ class TuneResult:
         """Best trace of every task that has a valid record."""
         return {name: t.best_trace for name, t in self.tasks.items() if t.best_trace is not None}
 
+    def write_history(self, path: str | os.PathLike[str]) -> Path:
+        """Write the per-trial history (the tuning curve) as CSV; returns the path."""
+        out = Path(path)
+        fields = ["trial", "task", "latency_us", "min_us", "median_us", "best_us", "elapsed_s", "error"]
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            for h in self.history:
+                row = {k: getattr(h, k) for k in fields}
+                row["error"] = (h.error or "").splitlines()[0] if h.error else ""
+                writer.writerow(row)
+        return out
+
     def best_module(self) -> IRModule:
         """The tuned IRModule: each PrimFunc replaced by its best schedule from the database."""
         funcs = {}
@@ -130,8 +147,9 @@ class TuneResult:
             funcs[name] = func
         return IRModule(funcs, attrs=self.mod.attrs)
 
-    def compile(self) -> tvm.runtime.Module:
-        """Build the tuned module for the target; call its functions by their names."""
+    def compile(self) -> tvm.runtime.Executable:
+        """Build the tuned module for the target (``tvm.compile``); call its functions by name,
+        ``lib["main"](*tensors)``."""
         return tvm.compile(self.best_module(), target=self.target)
 
 
@@ -160,20 +178,22 @@ def fresh_copy(obj: Any) -> Any:
     return tvm.ir.load_json(tvm.ir.save_json(obj))
 
 
-def _resolve_sampler(strategy: str | Sampler) -> Callable[[_Task], Sampler]:
+#: Built-in strategies: random sampling of fastsearch's sketches, and model-guided search
+#: (evolutionary or simulated annealing in Rust, cost model retrained on every batch).
+STRATEGIES = ("random", "evolutionary", "annealing")
+
+_MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
+
+
+def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
     """Per-task sampler factory for ``strategy``."""
     if callable(strategy):
         user = strategy
-        return lambda task: user
+        return lambda task, db, target: user
     if strategy == "random":
-        try:
-            from fastsearch.sample import sample_candidates
-        except ImportError as exc:
-            raise FastsearchError(
-                f"strategy 'random' needs fastsearch.sample.sample_candidates, which is unavailable: {exc}"
-            ) from exc
+        from fastsearch.sample import sample_candidates
 
-        def make(task: _Task) -> Sampler:
+        def make_random(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
             def draw(
                 func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
             ) -> list:
@@ -181,8 +201,22 @@ def _resolve_sampler(strategy: str | Sampler) -> Callable[[_Task], Sampler]:
 
             return draw
 
-        return make
-    raise ValueError(f"unknown strategy {strategy!r}; available: 'random' or a sampler callable")
+        return make_random
+    if strategy in STRATEGIES:
+        from fastsearch.search import ModelGuidedSampler
+
+        def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            def history() -> list[tuple[str, float]]:
+                return [(k, math.inf if s is None else s) for k, s in _stored_results(db, task)]
+
+            return ModelGuidedSampler(
+                fresh_copy(task.func), target, str(strategy), history, postprocessor=task.post
+            )
+
+        return make_guided
+    raise ValueError(
+        f"unknown strategy {strategy!r}; available: {', '.join(STRATEGIES)} or a sampler callable"
+    )
 
 
 def _primfuncs(mod: tvm.tirx.PrimFunc | IRModule) -> tuple[IRModule, list[tuple[str, tvm.tirx.PrimFunc]]]:
@@ -332,8 +366,8 @@ def tune(
 
     ``trials`` is the total number of candidates per run directory: records already stored in
     ``work_dir`` (default ``./fastsearch_work/<name>``) count toward it, and no stored candidate
-    is measured again. ``strategy`` is ``"random"`` (fastsearch's sketches with random annotation)
-    or a :data:`Sampler`. Candidates that would become the best are checked against the untuned
+    is measured again. ``strategy`` is ``"random"`` (fastsearch's sketches with random annotation),
+    ``"evolutionary"`` or ``"annealing"`` (model-guided search in Rust), or a :data:`Sampler`. Candidates that would become the best are checked against the untuned
     function's output on random inputs (``verify``); a wrong answer is recorded as failed.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
@@ -412,7 +446,12 @@ def tune(
                 round_index = 0
                 empty_rounds = 0
                 wl_id = _wl_id(task)
-                sampler = make_sampler(task)
+                sampler = make_sampler(task, db, tgt)
+                update = getattr(sampler, "update", None)
+                if callable(update) and stored[task.name]:
+                    t0 = time.perf_counter()  # warm start from what the database already holds
+                    update(task.func, _stored_results(db, task))
+                    timing["model"] += time.perf_counter() - t0
                 while task.result.trials_measured < todo:
                     n = min(bsize, todo - task.result.trials_measured)
                     exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
@@ -435,7 +474,7 @@ def tune(
                             break
                         continue
                     empty_rounds = 0
-                    n_failed += _run_batch(
+                    outcome = _run_batch(
                         task,
                         batch,
                         tgt,
@@ -450,7 +489,16 @@ def tune(
                         atol,
                         overall_best_us,
                     )
+                    n_failed += sum(1 for _, secs in outcome if secs is None)
+                    if callable(update):
+                        t0 = time.perf_counter()
+                        update(task.func, outcome)
+                        timing["model"] += time.perf_counter() - t0
                     bar.update(advance=len(batch), best_us=overall_best_us(), failed=n_failed)
+                inner = getattr(sampler, "timing", None)
+                if isinstance(inner, dict) and inner.get("model"):
+                    timing["model"] += float(inner["model"])  # trained inside the sampler call
+                    timing["search"] -= float(inner["model"])
                 measured_ok = db.best(task.workload) is not None
                 if not measured_ok:
                     raise MeasurementError(
@@ -528,8 +576,8 @@ def _run_batch(
     rtol: float,
     atol: float,
     overall_best_us: Callable[[], float | None],
-) -> int:
-    """Build, run, check and store one batch; returns the number of failed candidates."""
+) -> list[tuple[str, float | None]]:
+    """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate."""
     best_before = task.best_secs
     runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
     results: list[MeasureResult] = [MeasureResult(error=c.error) for c in batch]
@@ -558,16 +606,16 @@ def _run_batch(
         Measurer.release(results)
 
     t0 = time.perf_counter()
-    failed = 0
     wl_id = _wl_id(task)
     best_after, running = task.best_secs, best_before
+    outcome: list[tuple[str, float | None]] = []
     for cand, res in zip(batch, results):
+        outcome.append((cand.key, mean_run_secs(res.run_secs) if res.ok else None))
         if cand.sch is None:
             apply_failures.add(wl_id, cand.key, res.error or "cannot apply the trace")
         else:
             db.commit(task.workload, cand.sch.trace, res.run_secs if res.ok else None, target, task.args_info)
             db.measured_keys(task.workload).add(cand.key)
-        failed += 0 if res.ok else 1
         task.result.trials_measured += 1
         task.result.failed += 0 if res.ok else 1
         if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
@@ -588,7 +636,18 @@ def _run_batch(
         )
     task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
-    return failed
+    return outcome
+
+
+def _stored_results(db: TuningDatabase, task: _Task) -> list[tuple[str, float | None]]:
+    """(key, mean seconds or None) of every stored record of the task, for a strategy's warm start."""
+    out = []
+    for rec in db.records(task.workload):
+        secs = (
+            mean_run_secs([float(s) for s in rec.run_secs]) if rec.run_secs is not None else FAILED_RUN_SECS
+        )
+        out.append((candidate_key(rec.trace), None if secs >= FAILED_RUN_SECS else secs))
+    return out
 
 
 def _check_candidate(
