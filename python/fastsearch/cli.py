@@ -153,7 +153,7 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
         f"{stored} already stored"
     )
     t = result.timing
-    parts = ", ".join(f"{k} {t[k]:.1f}" for k in ("search", "apply", "build", "run", "verify", "database"))
+    parts = ", ".join(f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database"))
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
     lines.append(f"database     {result.database.path}")
     return "\n".join(lines)
