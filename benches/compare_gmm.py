@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{base / sub} is not empty; each run needs fresh work directories")
 
     print(f"{wl.name} {wl.shape}, {args.trials} trials, seed {args.seed}, target {target}", file=sys.stderr)
+    load_start = os.getloadavg()[0]
 
     t0 = time.perf_counter()
     fs = run_fastsearch(func, target, args.trials, args.seed, base / "fastsearch", args.strategy)
@@ -175,17 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         if sch is not None:
             libs.append(tvm.compile(sch.mod, target=target))
 
-    retimed = [statistics.median(times) * 1e6 for times in retime(libs, func, args.repeat)]
+    all_times = retime(libs, func, args.repeat)
+    retimed = [statistics.median(times) * 1e6 for times in all_times]
+    spread = [(min(times) * 1e6, max(times) * 1e6) for times in all_times]
     fs_retimed = retimed[0]
+    ms_spread = None
     if len(retimed) > 1:
-        ms_retimed = retimed[1]
+        ms_retimed, ms_spread = retimed[1], spread[1]
 
     # numpy with one BLAS thread and with one per core; the faster one is reported
-    np_times = {
-        th: statistics.median(time_numpy(tuple(wl.shape), args.repeat, th)) * 1e6
-        for th in sorted({1, physical_cores()})
-    }
+    np_all = {th: time_numpy(tuple(wl.shape), args.repeat, th) for th in sorted({1, physical_cores()})}
+    np_times = {th: statistics.median(t) * 1e6 for th, t in np_all.items()}
     np_threads, np_us = min(np_times.items(), key=lambda kv: kv[1])
+    np_spread = (min(np_all[np_threads]) * 1e6, max(np_all[np_threads]) * 1e6)
+    load_end = os.getloadavg()[0]
 
     parity = None
     if ms_tuned is not None:
@@ -203,14 +207,23 @@ def main(argv: list[str] | None = None) -> int:
         else "LocalBuilder with fastsearch's build function (same build as fastsearch)"
     )
     rows = [
-        (f"fastsearch ({args.strategy})", fs.best_latency_us, fs_retimed, fs_wall),
-        ("MetaSchedule tune_tir", ms_tuned, ms_retimed, ms_wall),
-        (f"numpy matmul (BLAS, {np_threads} thread{'s' if np_threads > 1 else ''})", None, np_us, None),
+        (f"fastsearch ({args.strategy})", fs.best_latency_us, fs_retimed, spread[0], fs_wall),
+        ("MetaSchedule tune_tir", ms_tuned, ms_retimed, ms_spread, ms_wall),
+        (
+            f"numpy matmul (BLAS, {np_threads} thread{'s' if np_threads > 1 else ''})",
+            None,
+            np_us,
+            np_spread,
+            None,
+        ),
     ]
     lines = [
         f"## {wl.name} {tuple(wl.shape)}: fastsearch vs MetaSchedule, {args.trials} trials",
         "",
-        f"- date: {now:%Y-%m-%d %H:%M} UTC; host: {host}, {physical_cores()} physical cores",
+        (
+            f"- date: {now:%Y-%m-%d %H:%M} UTC; host: {host}, {physical_cores()} physical cores; "
+            f"load average {load_start:.1f} at the start, {load_end:.1f} at the end (a loaded machine is noisy)"
+        ),
         f"- target: `{target}`; seed {args.seed}; TVM {tvm.__version__}",
         f"- best kernels re-timed here: median of {args.repeat} repeats of >= 100 ms ({how})",
         *(
@@ -221,13 +234,19 @@ def main(argv: list[str] | None = None) -> int:
             ]
         ),
         "",
-        "| method | best during tuning (us) | re-timed (us) | GFLOP/s (re-timed) | wall time (s) |",
-        "|---|---:|---:|---:|---:|",
+        (
+            "| method | best during tuning (us) | re-timed median (us) | re-timed min..max (us) "
+            "| GFLOP/s (re-timed median) | wall time (s) |"
+        ),
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, tuned, retimed, wall in rows:
+    for name, tuned, retimed, span, wall in rows:
         if name.startswith("MetaSchedule") and args.skip_metaschedule:
             continue
-        lines.append(f"| {name} | {fmt(tuned)} | {fmt(retimed)} | {gflops(flops, retimed)} | {fmt(wall)} |")
+        span_text = f"{span[0]:.1f}..{span[1]:.1f}" if span else "-"
+        lines.append(
+            f"| {name} | {fmt(tuned)} | {fmt(retimed)} | {span_text} | {gflops(flops, retimed)} | {fmt(wall)} |"
+        )
     lines.append("")
     if ms_retimed and fs_retimed:
         lines.append(
