@@ -156,3 +156,16 @@ def test_torn_last_line_of_a_killed_run_is_set_aside(measured, gmm, tmp_path):
     assert len(db.records(db.commit_workload(gmm))) == 3
     assert path.read_text() == whole
     assert (work / (RECORD_FILE + ".torn")).read_text() == last[: len(last) // 2] + "\n"
+
+
+def test_a_hanging_candidate_times_out_and_the_runner_goes_on(gmm):
+    """An untuned 1024^3 matmul runs for seconds: past the run timeout it is a failure, and the
+    runner's next candidate still runs."""
+    slow = _normalize_mod(te_workload.create_te_workload("GMM", 3))
+    config = MeasureConfig(run_timeout_s=0.5, min_repeat_ms=1, repeat=1)
+    with Measurer(TARGET, config) as measurer:
+        (hung,) = measurer.measure([slow], ms.arg_info.ArgInfo.from_prim_func(slow["main"]))
+        (fine,) = measurer.measure([gmm], ms.arg_info.ArgInfo.from_prim_func(gmm["main"]))
+        Measurer.release([hung, fine])
+    assert not hung.ok and "Timeout" in hung.error
+    assert fine.ok and fine.mean_us > 0
