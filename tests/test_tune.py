@@ -170,6 +170,12 @@ def test_bad_inputs_raise_typed_errors(tmp_path):
         tune("not a function", trials=1, work_dir=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="strategy"):
         tune(gmm(), TARGET, trials=1, work_dir=tmp_path, strategy="no-such-strategy")
+    n = tvm.tirx.Var("n", "int32")
+    a = te.placeholder((n, 16), name="A")
+    dynamic = te.create_prim_func([a, te.compute((n, 16), lambda i, j: a[i, j] * 2.0, name="B")])
+    with pytest.raises(UnsupportedWorkload, match="dynamic shape"):
+        tune(dynamic, TARGET, trials=1, work_dir=tmp_path / "dynamic")
+    assert not (tmp_path / "dynamic").exists()  # rejected before anything is written
 
 
 class _Recorder:

@@ -318,6 +318,17 @@ def _apply(task: _Task, trace: Trace) -> tuple[Schedule | None, str | None]:
     return sch, None
 
 
+def _args_info(name: str, func: tvm.tirx.PrimFunc) -> list:
+    """MetaSchedule's argument descriptions; a function it cannot describe is unsupported."""
+    try:
+        return list(ms.arg_info.ArgInfo.from_prim_func(func))
+    except Exception as exc:  # TVM raises TypeError / TVMError here
+        from fastsearch.tir_import import program_json
+
+        program_json(func)  # raises UnsupportedWorkload naming the construct when it can
+        raise UnsupportedWorkload(f"function {name!r}: cannot describe its arguments: {exc}") from exc
+
+
 def _seed_for(seed: int, task_index: int, round_index: int) -> int:
     return (seed * 1_000_003 + task_index * 7_919 + round_index * 104_729) & 0x7FFFFFFF
 
@@ -384,13 +395,15 @@ def tune(
     wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / wname
     timing = {k: 0.0 for k in ("search", "apply", "build", "run", "verify", "database", "model")}
 
+    normalized = [(fname, _normalize_mod(func)) for fname, func in funcs]
+    described = [_args_info(fname, tmod["main"]) for fname, tmod in normalized]  # before writing
+
     t0 = time.perf_counter()
     db = TuningDatabase(wdir)
     apply_failures = _ApplyFailures(wdir / APPLY_FAILURES_FILE)
     tasks: list[_Task] = []
     per_task = [trials // len(funcs) + (1 if i < trials % len(funcs) else 0) for i in range(len(funcs))]
-    for (fname, func), budget in zip(funcs, per_task):
-        tmod = _normalize_mod(func)
+    for (fname, tmod), args_info, budget in zip(normalized, described, per_task):
         workload = db.commit_workload(tmod)
         attrs = tmod["main"].attrs
         entry = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
@@ -401,7 +414,7 @@ def tune(
             func=tmod["main"],
             entry=entry,
             workload=workload,
-            args_info=list(ms.arg_info.ArgInfo.from_prim_func(tmod["main"])),
+            args_info=args_info,
             post=_Postprocessor(tmod, tgt),
             pristine=fresh_copy(tmod),
             result=result,
