@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import tvm
 import xgboost as xgb
-from workloads import small
-
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
 from fastsearch.search import MIN_RECORDS, ModelGuidedSampler
 from fastsearch.tir_import import program_json
+from workloads import small
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
@@ -69,7 +68,9 @@ def _fake_latency(key: str) -> float:
 def test_model_guided_sampler_proposes_new_valid_candidates(strategy):
     func = small("GMM")
     history: dict[str, float] = {}
-    sampler = ModelGuidedSampler(func, TARGET, strategy, lambda: history.items(), population=128, generations=2)
+    sampler = ModelGuidedSampler(
+        func, TARGET, strategy, lambda: history.items(), population=128, generations=2
+    )
     for round_index in range(3):
         cands = sampler(func, TARGET, 8, round_index, set(history))
         assert cands, "no proposals"

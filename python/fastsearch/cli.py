@@ -153,7 +153,9 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
         f"{stored} already stored"
     )
     t = result.timing
-    parts = ", ".join(f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database"))
+    parts = ", ".join(
+        f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
+    )
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
     lines.append(f"database     {result.database.path}")
     return "\n".join(lines)
@@ -175,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, help='"llvm" (this CPU, default) or a target JSON dict')
     p.add_argument(
         "--strategy",
-        default="random",
+        default="evolutionary",
         choices=["random", "evolutionary", "annealing"],
         help="random sketch sampling, or model-guided evolutionary search / simulated annealing",
     )

@@ -40,7 +40,8 @@ from fastsearch.measure import (
     run_function,
 )
 from fastsearch.progress import ProgressBar
-from fastsearch.target import TargetLike, device, resolve_target, target_kind
+from fastsearch.sample import Postprocessor, fresh_copy
+from fastsearch.target import TargetLike, device, resolve_target
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
@@ -161,21 +162,12 @@ class _Task:
     entry: str
     workload: Any
     args_info: list
-    post: _Postprocessor
+    post: Postprocessor
     result: TaskResult
     best_secs: float = math.inf
     pristine: IRModule | None = None  # an untouched copy for the reference output
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
-
-
-def fresh_copy(obj: Any) -> Any:
-    """A deep copy of a TVM IR object.
-
-    A TVM Schedule may rewrite the PrimFunc it was made from in place; the workload, the reference
-    and every sampler get their own copies so no candidate can change the function being tuned.
-    """
-    return tvm.ir.load_json(tvm.ir.save_json(obj))
 
 
 #: Built-in strategies: random sampling of fastsearch's sketches, and model-guided search
@@ -256,50 +248,6 @@ def default_name(mod: tvm.tirx.PrimFunc | IRModule) -> str:
     return base
 
 
-class _Postprocessor:
-    """MetaSchedule's default postprocessors for the target, initialized for one workload.
-
-    Built through the FFI constructor of TuneContext: its Python constructor imports every tensor
-    intrinsic (tens of seconds per process), which replaying fastsearch's traces does not need.
-    ``apply(sch)`` enters postprocessing and runs them all, as MetaSchedule does before a build.
-    """
-
-    def __init__(self, mod: IRModule, target: tvm.target.Target) -> None:
-        from tvm.s_tir.meta_schedule import _ffi_api
-        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
-
-        kind = target_kind(target)
-        kind = kind if kind in ("cuda", "hexagon") else "llvm"
-        space = ms.space_generator.PostOrderApply(
-            sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
-        )
-        ctx = ms.TuneContext.__new__(ms.TuneContext)
-        ctx.__init_handle_by_constructor__(
-            _ffi_api.TuneContext,
-            mod,
-            target,
-            space,
-            None,
-            "main",
-            1,
-            0,
-            get_logging_func(get_logger(__name__)),
-        )
-        _ffi_api.TuneContextInitialize(ctx)
-        self.target = target
-        self.postprocs = list(ctx.space_generator.postprocs)
-        self.rejected_by: str | None = None
-
-    def apply(self, sch: Schedule) -> bool:
-        """Run the postprocessors on ``sch``; False (and ``rejected_by`` set) if one refuses it."""
-        sch.enter_postproc()
-        for post in self.postprocs:
-            if not post.apply(sch):
-                self.rejected_by = type(post).__name__
-                return False
-        return True
-
-
 def _needs_tensor_intrin(trace: Trace) -> bool:
     return any(str(inst.kind.name) in ("Tensorize", "Blockize") for inst in trace.insts)
 
@@ -364,7 +312,7 @@ def tune(
     trials: int = 64,
     seed: int = 0,
     work_dir: str | os.PathLike[str] | None = None,
-    strategy: str | Sampler = "random",
+    strategy: str | Sampler = "evolutionary",
     batch_size: int | None = None,
     measure: MeasureConfig | None = None,
     verify: bool = True,
@@ -377,8 +325,9 @@ def tune(
 
     ``trials`` is the total number of candidates per run directory: records already stored in
     ``work_dir`` (default ``./fastsearch_work/<name>``) count toward it, and no stored candidate
-    is measured again. ``strategy`` is ``"random"`` (fastsearch's sketches with random annotation),
-    ``"evolutionary"`` or ``"annealing"`` (model-guided search in Rust), or a :data:`Sampler`. Candidates that would become the best are checked against the untuned
+    is measured again. ``strategy`` is ``"evolutionary"`` (the default) or ``"annealing"``
+    (model-guided search in Rust), ``"random"`` (fastsearch's sketches with random annotation), or
+    a :data:`Sampler`. Candidates that would become the best are checked against the untuned
     function's output on random inputs (``verify``); a wrong answer is recorded as failed.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
@@ -415,7 +364,7 @@ def tune(
             entry=entry,
             workload=workload,
             args_info=args_info,
-            post=_Postprocessor(tmod, tgt),
+            post=Postprocessor(tmod, tgt),
             pristine=fresh_copy(tmod),
             result=result,
         )
