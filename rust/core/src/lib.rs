@@ -9,5 +9,6 @@
 pub mod error;
 pub mod program;
 pub mod rng;
+pub mod schedule;
 
 pub use error::{Error, Result};

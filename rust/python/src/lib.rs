@@ -12,12 +12,42 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_core, FastsearchError, PyException, "Base class of every error fastsearch raises.");
-create_exception!(_core, UnsupportedWorkload, FastsearchError, "The workload uses a construct fastsearch cannot model.");
-create_exception!(_core, ScheduleError, FastsearchError, "A schedule instruction is invalid on the program.");
-create_exception!(_core, InvalidTrace, FastsearchError, "A trace or its JSON cannot be read.");
-create_exception!(_core, MalformedInput, FastsearchError, "Input JSON handed to the core is malformed.");
-create_exception!(_core, InternalError, FastsearchError, "A bug in fastsearch: please report it.");
+create_exception!(
+    _core,
+    FastsearchError,
+    PyException,
+    "Base class of every error fastsearch raises."
+);
+create_exception!(
+    _core,
+    UnsupportedWorkload,
+    FastsearchError,
+    "The workload uses a construct fastsearch cannot model."
+);
+create_exception!(
+    _core,
+    ScheduleError,
+    FastsearchError,
+    "A schedule instruction is invalid on the program."
+);
+create_exception!(
+    _core,
+    InvalidTrace,
+    FastsearchError,
+    "A trace or its JSON cannot be read."
+);
+create_exception!(
+    _core,
+    MalformedInput,
+    FastsearchError,
+    "Input JSON handed to the core is malformed."
+);
+create_exception!(
+    _core,
+    InternalError,
+    FastsearchError,
+    "A bug in fastsearch: please report it."
+);
 
 fn to_py(err: Error) -> PyErr {
     let msg = err.to_string();
@@ -31,7 +61,11 @@ fn to_py(err: Error) -> PyErr {
 }
 
 /// Runs `work` without the GIL, turning a panic into `InternalError`.
-fn guarded<T: Send>(py: Python<'_>, what: &str, work: impl FnOnce() -> Result<T, Error> + Send) -> PyResult<T> {
+fn guarded<T: Send>(
+    py: Python<'_>,
+    what: &str,
+    work: impl FnOnce() -> Result<T, Error> + Send,
+) -> PyResult<T> {
     let outcome = py.detach(|| catch_unwind(AssertUnwindSafe(work)));
     match outcome {
         Ok(result) => result.map_err(to_py),
@@ -56,6 +90,23 @@ fn program_summary(py: Python<'_>, program_json: String) -> PyResult<String> {
     })
 }
 
+/// Replays a MetaSchedule trace (the JSON of `Trace.as_json()`) on a program model and returns
+/// the JSON loop-nest description of the result. With `postprocess`, the trace's instructions
+/// after `EnterPostproc` are skipped and the engine's own CPU postprocessors
+/// (RewriteParallelVectorizeUnroll, RewriteReductionBlock) run instead.
+#[pyfunction]
+#[pyo3(signature = (program_json, trace_json, postprocess = false))]
+fn apply_trace(
+    py: Python<'_>,
+    program_json: String,
+    trace_json: String,
+    postprocess: bool,
+) -> PyResult<String> {
+    guarded(py, "apply_trace", move || {
+        fastsearch_core::schedule::apply_trace(&program_json, &trace_json, postprocess)
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -66,6 +117,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MalformedInput", py.get_type::<MalformedInput>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,316 @@
+//! cache_read and cache_write: a copy stage between a block and a new buffer in another scope.
+
+use super::arith::{self, Ranges};
+use super::state::{BlockId, Child, LoopId, State};
+use crate::error::{Error, Result};
+use crate::program::{Access, Block, Buffer, Expr, IterKind, IterVar, Store};
+
+fn rename_buffer(e: &Expr, from: usize, to: usize) -> Expr {
+    match e {
+        Expr::Load { buffer, indices } => Expr::Load {
+            buffer: if *buffer == from { to } else { *buffer },
+            indices: indices.iter().map(|i| rename_buffer(i, from, to)).collect(),
+        },
+        Expr::Bin(op, a, b) => Expr::Bin(
+            *op,
+            Box::new(rename_buffer(a, from, to)),
+            Box::new(rename_buffer(b, from, to)),
+        ),
+        Expr::Not(a) => Expr::Not(Box::new(rename_buffer(a, from, to))),
+        Expr::Select(c, a, b) => Expr::Select(
+            Box::new(rename_buffer(c, from, to)),
+            Box::new(rename_buffer(a, from, to)),
+            Box::new(rename_buffer(b, from, to)),
+        ),
+        Expr::Cast { dtype, value } => Expr::Cast {
+            dtype: dtype.clone(),
+            value: Box::new(rename_buffer(value, from, to)),
+        },
+        Expr::Call { name, dtype, args } => Expr::Call {
+            name: name.clone(),
+            dtype: dtype.clone(),
+            args: args.iter().map(|a| rename_buffer(a, from, to)).collect(),
+        },
+        _ => e.clone(),
+    }
+}
+
+/// Replaces buffer `from` by `to` in a block's accesses (reads if `reads`, writes if `writes`).
+fn retarget(block: &mut Block, from: usize, to: usize, reads: bool, writes: bool) {
+    if reads {
+        for a in block.reads.iter_mut().filter(|a| a.buffer == from) {
+            a.buffer = to;
+        }
+        for s in block.body.iter_mut().chain(block.init.iter_mut().flatten()) {
+            s.value = rename_buffer(&s.value, from, to);
+        }
+    }
+    if writes {
+        for a in block.writes.iter_mut().filter(|a| a.buffer == from) {
+            a.buffer = to;
+        }
+        for s in block.body.iter_mut().chain(block.init.iter_mut().flatten()) {
+            if s.buffer == from {
+                s.buffer = to;
+            }
+        }
+    }
+}
+
+/// The constant region an access covers over all the loops of its block.
+fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Vec<(i64, i64)>> {
+    let sb = &st.blocks[b];
+    let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
+    let map = |v: &str| {
+        names
+            .iter()
+            .position(|n| *n == v)
+            .map(|i| sb.bindings[i].clone())
+    };
+    let all = st.ranges();
+    let relaxed: Ranges = st
+        .loops_of(b)
+        .iter()
+        .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
+        .collect();
+    acc.region
+        .iter()
+        .map(|(min, ext)| {
+            let ext = ext
+                .substitute(&map)
+                .as_int()
+                .ok_or_else(|| Error::schedule(inst, "non-constant region extent"))?;
+            let iv = arith::relax(&min.substitute(&map), &relaxed, &all)
+                .filter(|iv| iv.base.is_constant())
+                .ok_or_else(|| Error::schedule(inst, "cannot bound the cached region"))?;
+            Ok((iv.base.constant + iv.lo, iv.hi - iv.lo + ext))
+        })
+        .collect()
+}
+
+/// A copy block `dst[v] = src[v]` over `region`, under a fresh loop nest; returns the block and
+/// the outermost new node.
+fn copy_stage(
+    st: &mut State,
+    name: String,
+    src: usize,
+    dst: usize,
+    region: &[(i64, i64)],
+) -> (BlockId, Child) {
+    let iter_vars: Vec<IterVar> = region
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, ext))| IterVar {
+            name: format!("v{i}"),
+            min: 0,
+            extent: ext,
+            kind: IterKind::Spatial,
+        })
+        .collect();
+    let idx: Vec<Expr> = region
+        .iter()
+        .enumerate()
+        .map(|(i, &(min, _))| {
+            let v = Expr::Var(format!("v{i}"));
+            if min == 0 {
+                v
+            } else {
+                Expr::Bin(
+                    crate::program::BinOp::Add,
+                    Box::new(v),
+                    Box::new(Expr::Int(min)),
+                )
+            }
+        })
+        .collect();
+    let point = |buffer: usize| Access {
+        buffer,
+        region: idx.iter().map(|e| (e.clone(), Expr::Int(1))).collect(),
+    };
+    let block = Block {
+        name,
+        iter_vars,
+        reads: vec![point(src)],
+        writes: vec![point(dst)],
+        init: None,
+        body: vec![Store {
+            buffer: dst,
+            indices: idx.clone(),
+            value: Expr::Load {
+                buffer: src,
+                indices: idx.clone(),
+            },
+        }],
+        children: None,
+        alloc_buffers: vec![],
+        annotations: Default::default(),
+    };
+    let mut parent: Option<LoopId> = None;
+    let mut outer = None;
+    let mut bindings = Vec::new();
+    for &(_, ext) in region {
+        let l = st.new_loop(ext, parent);
+        if let Some(p) = parent {
+            st.loops[p].children.push(Child::Loop(l));
+        }
+        outer.get_or_insert(Child::Loop(l));
+        bindings.push(Expr::Var(st.loops[l].var.clone()));
+        parent = Some(l);
+    }
+    let blk = st.new_block(block, bindings, parent);
+    if let Some(p) = parent {
+        st.loops[p].children.push(Child::Block(blk));
+    }
+    (blk, outer.unwrap_or(Child::Block(blk)))
+}
+
+/// The deepest common loop of the given blocks (`None`: the root).
+fn lca(st: &State, blocks: &[BlockId]) -> Option<LoopId> {
+    let paths: Vec<Vec<LoopId>> = blocks.iter().map(|&b| st.loops_of(b)).collect();
+    let first = paths.first()?;
+    let mut out = None;
+    for (i, l) in first.iter().enumerate() {
+        if paths.iter().all(|p| p.get(i) == Some(l)) {
+            out = Some(*l);
+        } else {
+            break;
+        }
+    }
+    out
+}
+
+/// The child of `parent` whose subtree holds block `b`.
+fn subtree_index(st: &State, parent: Option<LoopId>, b: BlockId) -> Option<usize> {
+    st.children(parent).iter().position(|&c| {
+        let mut v = Vec::new();
+        st.blocks_in(c, &mut v);
+        v.contains(&b)
+    })
+}
+
+fn new_cache_buffer(st: &mut State, buffer: usize, scope: &str) -> usize {
+    let old = st.buffers[buffer].clone();
+    let nb = st.add_buffer(Buffer {
+        name: format!("{}_{scope}", old.name),
+        shape: old.shape,
+        dtype: old.dtype,
+        scope: scope.to_string(),
+    });
+    let root = st.root;
+    st.blocks[root].block.alloc_buffers.push(nb);
+    nb
+}
+
+pub fn cache_write(st: &mut State, b: BlockId, index: i64, scope: &str) -> Result<BlockId> {
+    const I: &str = "CacheWrite";
+    if b == st.root || !st.blocks[b].alive {
+        return Err(Error::schedule(
+            I,
+            "the block is the root or no longer exists",
+        ));
+    }
+    let acc = usize::try_from(index)
+        .ok()
+        .and_then(|i| st.blocks[b].block.writes.get(i))
+        .cloned()
+        .ok_or_else(|| Error::schedule(I, format!("write buffer index {index} out of range")))?;
+    let region = relaxed_region(st, I, b, &acc)?;
+    let consumers = st.consumers(b);
+    let buffer = acc.buffer;
+    let nb = new_cache_buffer(st, buffer, scope);
+    retarget(&mut st.blocks[b].block, buffer, nb, true, true);
+    let name = format!("{}_{scope}", st.buffers[buffer].name);
+    let (blk, node) = copy_stage(st, name, nb, buffer, &region);
+    if consumers.is_empty() {
+        let n = st.top.len();
+        st.insert(None, n, node);
+    } else {
+        let mut group = consumers.clone();
+        group.push(b);
+        let parent = lca(st, &group);
+        let after = subtree_index(st, parent, b).map(|i| i + 1).unwrap_or(0);
+        let kids = st.children(parent).clone();
+        let pos = (after..kids.len())
+            .find(|&i| {
+                let mut v = Vec::new();
+                st.blocks_in(kids[i], &mut v);
+                v.iter().any(|x| consumers.contains(x))
+            })
+            .unwrap_or(kids.len());
+        st.insert(parent, pos, node);
+    }
+    Ok(blk)
+}
+
+pub fn cache_read(
+    st: &mut State,
+    b: BlockId,
+    index: i64,
+    scope: &str,
+    consumers: &[BlockId],
+) -> Result<BlockId> {
+    const I: &str = "CacheRead";
+    if b == st.root || !st.blocks[b].alive {
+        return Err(Error::schedule(
+            I,
+            "the block is the root or no longer exists",
+        ));
+    }
+    let acc = usize::try_from(index)
+        .ok()
+        .and_then(|i| st.blocks[b].block.reads.get(i))
+        .cloned()
+        .ok_or_else(|| Error::schedule(I, format!("read buffer index {index} out of range")))?;
+    let buffer = acc.buffer;
+    let readers: Vec<BlockId> = if consumers.is_empty() {
+        st.all_blocks()
+            .into_iter()
+            .filter(|&x| st.blocks[x].block.reads.iter().any(|a| a.buffer == buffer))
+            .collect()
+    } else {
+        consumers.to_vec()
+    };
+    // The region is the union of what the readers read.
+    let mut region: Option<Vec<(i64, i64)>> = None;
+    for &r in &readers {
+        for a in st.blocks[r]
+            .block
+            .reads
+            .clone()
+            .iter()
+            .filter(|a| a.buffer == buffer)
+        {
+            let reg = relaxed_region(st, I, r, a)?;
+            region = Some(match region {
+                None => reg,
+                Some(prev) => prev
+                    .iter()
+                    .zip(&reg)
+                    .map(|(&(m0, e0), &(m1, e1))| {
+                        let lo = m0.min(m1);
+                        (lo, (m0 + e0).max(m1 + e1) - lo)
+                    })
+                    .collect(),
+            });
+        }
+    }
+    let region = region.ok_or_else(|| Error::schedule(I, "no block reads the buffer"))?;
+    let writer = st
+        .all_blocks()
+        .into_iter()
+        .find(|&x| st.blocks[x].block.writes.iter().any(|a| a.buffer == buffer));
+    let nb = new_cache_buffer(st, buffer, scope);
+    for &r in &readers {
+        retarget(&mut st.blocks[r].block, buffer, nb, true, false);
+    }
+    let name = format!("{}_{scope}", st.buffers[buffer].name);
+    let (blk, node) = copy_stage(st, name, buffer, nb, &region);
+    match writer {
+        Some(w) => {
+            let pos = subtree_index(st, None, w).map(|i| i + 1).unwrap_or(0);
+            st.insert(None, pos, node);
+        }
+        None => st.insert(None, 0, node),
+    }
+    Ok(blk)
+}
