@@ -70,6 +70,12 @@ fn required_regions(
                             ),
                         )
                     })?;
+                if !iv.exact {
+                    return Err(Error::schedule(
+                        inst,
+                        format!("the region block {} needs has an extent that depends on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)", sb.block.name),
+                    ));
+                }
                 iv.hi += ext - 1;
                 dims[d] = Some(match dims[d].take() {
                     None => iv,
@@ -94,6 +100,7 @@ fn union(inst: &str, a: SymInterval, b: SymInterval) -> Result<SymInterval> {
         base: a.base,
         lo: a.lo.min(b.lo + d),
         hi: a.hi.max(b.hi + d),
+        exact: a.exact && b.exact,
     })
 }
 
@@ -152,6 +159,7 @@ fn solve_domains(
                         base: r.base.add(&shift, -1),
                         lo: r.lo,
                         hi: r.hi,
+                        exact: r.exact,
                     },
                     dim_max - l.constant,
                 )
@@ -163,6 +171,7 @@ fn solve_domains(
                         base: Lin::constant(0),
                         lo,
                         hi,
+                        exact: r.exact,
                     },
                     dim_max.div_euclid(coef),
                 )

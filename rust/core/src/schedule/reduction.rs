@@ -217,7 +217,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
     shape.insert(axis, st.loops[rf].extent);
     let wb = st.buffers[wbuf].clone();
     let rf_buf = st.add_buffer(Buffer {
-        name: format!("{}_rf", wb.name),
+        name: format!("{}.rf", wb.name),
         shape,
         dtype: wb.dtype,
         scope: wb.scope,
