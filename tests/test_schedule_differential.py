@@ -37,9 +37,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
 FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
-TARGET = tvm.target.Target(
-    {"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
-)
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 # Random re-samplings of each design space: 53 workloads x ~3.4 spaces x 3 seeds > 500 traces.
 SEEDS = (1, 2, 3)
 
