@@ -73,9 +73,11 @@ fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Ve
         .iter()
         .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
         .collect();
+    let shape = st.buffers[acc.buffer].shape.clone();
     acc.region
         .iter()
-        .map(|(min, ext)| {
+        .enumerate()
+        .map(|(d, (min, ext))| {
             let ext = ext
                 .substitute(&map)
                 .as_int()
@@ -83,7 +85,10 @@ fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Ve
             let iv = arith::relax(&min.substitute(&map), &relaxed, &all)
                 .filter(|iv| iv.base.is_constant())
                 .ok_or_else(|| Error::schedule(inst, "cannot bound the cached region"))?;
-            Ok((iv.base.constant + iv.lo, iv.hi - iv.lo + ext))
+            // Clipped to the buffer: predicated tails do not widen the region.
+            let lo = (iv.base.constant + iv.lo).max(0);
+            let hi = (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);
+            Ok((lo, (hi - lo + 1).max(1)))
         })
         .collect()
 }

@@ -287,6 +287,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         .first()
         .map(|s| s.value.clone())
         .unwrap_or(Expr::Int(0));
+    let has_reduce = reduce_loops.len() > 1;
     let rf_block = Block {
         name: format!("{}_rf", blk.name),
         iter_vars: ivs,
@@ -304,15 +305,23 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             })
             .collect(),
         writes: vec![rf_point.clone()],
-        init: Some(vec![Store {
-            buffer: rf_buf,
-            indices: rf_idx.clone(),
-            value: init_value,
-        }]),
+        // With no reduction left (the rf loop was the only one), TVM makes a plain spatial
+        // block: no init, no accumulation.
+        init: has_reduce.then(|| {
+            vec![Store {
+                buffer: rf_buf,
+                indices: rf_idx.clone(),
+                value: init_value,
+            }]
+        }),
         body: vec![Store {
             buffer: rf_buf,
             indices: rf_idx.clone(),
-            value: bin(op, rf_load.clone(), other.substitute(&rsub)),
+            value: if has_reduce {
+                bin(op, rf_load.clone(), other.substitute(&rsub))
+            } else {
+                other.substitute(&rsub)
+            },
         }],
         children: None,
         alloc_buffers: vec![],
