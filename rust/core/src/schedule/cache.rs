@@ -275,35 +275,24 @@ pub fn cache_read(
     } else {
         consumers.to_vec()
     };
-    // The region is the union of what the readers read.
-    let mut region: Option<Vec<(i64, i64)>> = None;
-    for &r in &readers {
-        for a in st.blocks[r]
-            .block
-            .reads
-            .clone()
-            .iter()
-            .filter(|a| a.buffer == buffer)
-        {
-            let reg = relaxed_region(st, I, r, a)?;
-            region = Some(match region {
-                None => reg,
-                Some(prev) => prev
-                    .iter()
-                    .zip(&reg)
-                    .map(|(&(m0, e0), &(m1, e1))| {
-                        let lo = m0.min(m1);
-                        (lo, (m0 + e0).max(m1 + e1) - lo)
-                    })
-                    .collect(),
-            });
-        }
-    }
-    let region = region.ok_or_else(|| Error::schedule(I, "no block reads the buffer"))?;
     let writer = st
         .all_blocks()
         .into_iter()
         .find(|&x| st.blocks[x].block.writes.iter().any(|a| a.buffer == buffer));
+    // As TVM: the writer's written region when a block writes the buffer, else all of it.
+    let region = match writer {
+        Some(w) => {
+            let acc = st.blocks[w]
+                .block
+                .writes
+                .iter()
+                .find(|a| a.buffer == buffer)
+                .cloned()
+                .ok_or_else(|| Error::Internal("cache_read: writer without the write".into()))?;
+            relaxed_region(st, I, w, &acc)?
+        }
+        None => st.buffers[buffer].shape.iter().map(|&d| (0, d)).collect(),
+    };
     let nb = new_cache_buffer(st, buffer, scope);
     for &r in &readers {
         retarget(&mut st.blocks[r].block, buffer, nb, true, false);
@@ -311,8 +300,18 @@ pub fn cache_read(
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, buffer, nb, &region);
     match writer {
+        // After the writer, right before the first subtree that holds a reader (TVM's
+        // CacheLocDetector); an input buffer's cache goes first.
         Some(w) => {
-            let pos = subtree_index(st, None, w).map(|i| i + 1).unwrap_or(0);
+            let after = subtree_index(st, None, w).map(|i| i + 1).unwrap_or(0);
+            let kids = st.top.clone();
+            let pos = (after..kids.len())
+                .find(|&i| {
+                    let mut v = Vec::new();
+                    st.blocks_in(kids[i], &mut v);
+                    v.iter().any(|x| readers.contains(x))
+                })
+                .unwrap_or(kids.len());
             st.insert(None, pos, node);
         }
         None => st.insert(None, 0, node),
