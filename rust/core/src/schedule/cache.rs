@@ -1,6 +1,6 @@
 //! cache_read and cache_write: a copy stage between a block and a new buffer in another scope.
 
-use super::arith::{self, Ranges};
+use super::arith::{self, Lin, Ranges};
 use super::state::{BlockId, Child, LoopId, State};
 use crate::error::{Error, Result};
 use crate::program::{Access, Block, Buffer, Expr, IterKind, IterVar, Store};
@@ -57,8 +57,15 @@ fn retarget(block: &mut Block, from: usize, to: usize, reads: bool, writes: bool
     }
 }
 
-/// The constant region an access covers over all the loops of its block.
-fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Vec<(i64, i64)>> {
+/// The region an access covers over the loops of its block below `under` (all loops when
+/// `None`): per dimension a symbolic start (in the outer loops), an offset and an extent.
+fn relaxed_region(
+    st: &State,
+    inst: &str,
+    b: BlockId,
+    acc: &Access,
+    under: Option<LoopId>,
+) -> Result<Vec<(Lin, i64, i64)>> {
     let sb = &st.blocks[b];
     let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
     let map = |v: &str| {
@@ -68,8 +75,12 @@ fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Ve
             .map(|i| sb.bindings[i].clone())
     };
     let all = st.ranges();
-    let relaxed: Ranges = st
-        .loops_of(b)
+    let loops = st.loops_of(b);
+    let start = under
+        .and_then(|u| loops.iter().position(|&l| l == u))
+        .map(|i| i + 1)
+        .unwrap_or(0);
+    let relaxed: Ranges = loops[start..]
         .iter()
         .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
         .collect();
@@ -83,51 +94,38 @@ fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Ve
                 .as_int()
                 .ok_or_else(|| Error::schedule(inst, "non-constant region extent"))?;
             let iv = arith::relax(&min.substitute(&map), &relaxed, &all)
-                .filter(|iv| iv.base.is_constant())
+                .filter(|iv| iv.exact)
                 .ok_or_else(|| Error::schedule(inst, "cannot bound the cached region"))?;
+            if !iv.base.is_constant() {
+                return Ok((iv.base, iv.lo, iv.hi - iv.lo + ext));
+            }
             // Clipped to the buffer: predicated tails do not widen the region.
             let lo = (iv.base.constant + iv.lo).max(0);
             let hi = (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);
-            Ok((lo, (hi - lo + 1).max(1)))
+            Ok((Lin::constant(0), lo, (hi - lo + 1).max(1)))
         })
         .collect()
 }
 
 /// A copy block `dst[v] = src[v]` over `region`, under a fresh loop nest; returns the block and
-/// the outermost new node.
+/// the outermost new node. Its variables span the buffer; their bindings start at the region.
 fn copy_stage(
     st: &mut State,
     name: String,
     src: usize,
     dst: usize,
-    region: &[(i64, i64)],
+    region: &[(Lin, i64, i64)],
 ) -> (BlockId, Child) {
-    let iter_vars: Vec<IterVar> = region
-        .iter()
-        .enumerate()
-        .map(|(i, &(_, ext))| IterVar {
+    let shape = st.buffers[src].shape.clone();
+    let iter_vars: Vec<IterVar> = (0..region.len())
+        .map(|i| IterVar {
             name: format!("v{i}"),
             min: 0,
-            extent: ext,
+            extent: shape.get(i).copied().unwrap_or(1).max(1),
             kind: IterKind::Spatial,
         })
         .collect();
-    let idx: Vec<Expr> = region
-        .iter()
-        .enumerate()
-        .map(|(i, &(min, _))| {
-            let v = Expr::Var(format!("v{i}"));
-            if min == 0 {
-                v
-            } else {
-                Expr::Bin(
-                    crate::program::BinOp::Add,
-                    Box::new(v),
-                    Box::new(Expr::Int(min)),
-                )
-            }
-        })
-        .collect();
+    let idx: Vec<Expr> = (0..region.len()).map(|i| Expr::Var(format!("v{i}"))).collect();
     let point = |buffer: usize| Access {
         buffer,
         region: idx.iter().map(|e| (e.clone(), Expr::Int(1))).collect(),
@@ -153,13 +151,14 @@ fn copy_stage(
     let mut parent: Option<LoopId> = None;
     let mut outer = None;
     let mut bindings = Vec::new();
-    for &(_, ext) in region {
-        let l = st.new_loop(ext, parent);
+    for (base, lo, ext) in region {
+        let l = st.new_loop(*ext, parent);
         if let Some(p) = parent {
             st.loops[p].children.push(Child::Loop(l));
         }
         outer.get_or_insert(Child::Loop(l));
-        bindings.push(Expr::Var(st.loops[l].var.clone()));
+        let start = base.add(&Lin::constant(*lo), 1);
+        bindings.push(start.add(&Lin::atom(Expr::Var(st.loops[l].var.clone())), 1).to_expr());
         parent = Some(l);
     }
     let blk = st.new_block(block, bindings, parent);
@@ -219,31 +218,32 @@ pub fn cache_write(st: &mut State, b: BlockId, index: i64, scope: &str) -> Resul
         .and_then(|i| st.blocks[b].block.writes.get(i))
         .cloned()
         .ok_or_else(|| Error::schedule(I, format!("write buffer index {index} out of range")))?;
-    let region = relaxed_region(st, I, b, &acc)?;
     let consumers = st.consumers(b);
+    // The stage goes into the deepest loop holding the block and its consumers, right before
+    // the first consumer; it covers what the block writes under that loop.
+    let parent = if consumers.is_empty() {
+        None
+    } else {
+        let mut group = consumers.clone();
+        group.push(b);
+        lca(st, &group)
+    };
+    let region = relaxed_region(st, I, b, &acc, parent)?;
     let buffer = acc.buffer;
     let nb = new_cache_buffer(st, buffer, scope);
     retarget(&mut st.blocks[b].block, buffer, nb, true, true);
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, nb, buffer, &region);
-    if consumers.is_empty() {
-        let n = st.top.len();
-        st.insert(None, n, node);
-    } else {
-        let mut group = consumers.clone();
-        group.push(b);
-        let parent = lca(st, &group);
-        let after = subtree_index(st, parent, b).map(|i| i + 1).unwrap_or(0);
-        let kids = st.children(parent).clone();
-        let pos = (after..kids.len())
-            .find(|&i| {
-                let mut v = Vec::new();
-                st.blocks_in(kids[i], &mut v);
-                v.iter().any(|x| consumers.contains(x))
-            })
-            .unwrap_or(kids.len());
-        st.insert(parent, pos, node);
-    }
+    let after = subtree_index(st, parent, b).map(|i| i + 1).unwrap_or(0);
+    let kids = st.children(parent).clone();
+    let pos = (after..kids.len())
+        .find(|&i| {
+            let mut v = Vec::new();
+            st.blocks_in(kids[i], &mut v);
+            v.iter().any(|x| consumers.contains(x))
+        })
+        .unwrap_or(kids.len());
+    st.insert(parent, pos, node);
     Ok(blk)
 }
 
@@ -289,9 +289,9 @@ pub fn cache_read(
                 .find(|a| a.buffer == buffer)
                 .cloned()
                 .ok_or_else(|| Error::Internal("cache_read: writer without the write".into()))?;
-            relaxed_region(st, I, w, &acc)?
+            relaxed_region(st, I, w, &acc, None)?
         }
-        None => st.buffers[buffer].shape.iter().map(|&d| (0, d)).collect(),
+        None => st.buffers[buffer].shape.iter().map(|&d| (Lin::constant(0), 0, d)).collect(),
     };
     let nb = new_cache_buffer(st, buffer, scope);
     for &r in &readers {

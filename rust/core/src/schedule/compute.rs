@@ -490,20 +490,30 @@ pub fn compute_inline(st: &mut State, b: BlockId) -> Result<()> {
         for s in cb.body.iter_mut().chain(cb.init.iter_mut().flatten()) {
             s.value = replace_loads(&s.value, buf, &f);
         }
-        let mut reads: Vec<Access> = cb
-            .reads
-            .iter()
-            .filter(|a| a.buffer != buf)
-            .cloned()
-            .collect();
+        // The producer's reads take the place of the inlined buffer's (read indices stay
+        // meaningful for later cache_read).
+        let mut inlined: Vec<Access> = Vec::new();
         for idx in &loads {
             for a in &blk.reads {
                 let acc = subst_access(a, &subst_for(idx));
-                if !reads.contains(&acc) {
-                    reads.push(acc);
+                if !inlined.contains(&acc) {
+                    inlined.push(acc);
                 }
             }
         }
+        let mut reads: Vec<Access> = Vec::new();
+        for a in &cb.reads {
+            if a.buffer == buf {
+                for x in inlined.drain(..) {
+                    if !reads.contains(&x) {
+                        reads.push(x);
+                    }
+                }
+            } else if !reads.contains(a) {
+                reads.push(a.clone());
+            }
+        }
+        reads.extend(inlined);
         cb.reads = reads;
     }
     st.detach(Child::Block(b))?;
