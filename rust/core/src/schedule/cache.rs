@@ -279,7 +279,17 @@ pub fn cache_read(
         .all_blocks()
         .into_iter()
         .find(|&x| st.blocks[x].block.writes.iter().any(|a| a.buffer == buffer));
-    // As TVM: the writer's written region when a block writes the buffer, else all of it.
+    // As TVM: with a writer block, the stage goes into the deepest loop holding the writer and
+    // the readers, after the writer and right before the first reader, and covers what the
+    // writer writes under that loop; an input buffer is copied whole, first in the function.
+    let parent = match writer {
+        Some(w) => {
+            let mut group = readers.clone();
+            group.push(w);
+            lca(st, &group)
+        }
+        None => None,
+    };
     let region = match writer {
         Some(w) => {
             let acc = st.blocks[w]
@@ -289,7 +299,7 @@ pub fn cache_read(
                 .find(|a| a.buffer == buffer)
                 .cloned()
                 .ok_or_else(|| Error::Internal("cache_read: writer without the write".into()))?;
-            relaxed_region(st, I, w, &acc, None)?
+            relaxed_region(st, I, w, &acc, parent)?
         }
         None => st.buffers[buffer].shape.iter().map(|&d| (Lin::constant(0), 0, d)).collect(),
     };
@@ -299,22 +309,20 @@ pub fn cache_read(
     }
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, buffer, nb, &region);
-    match writer {
-        // After the writer, right before the first subtree that holds a reader (TVM's
-        // CacheLocDetector); an input buffer's cache goes first.
+    let pos = match writer {
         Some(w) => {
-            let after = subtree_index(st, None, w).map(|i| i + 1).unwrap_or(0);
-            let kids = st.top.clone();
-            let pos = (after..kids.len())
+            let after = subtree_index(st, parent, w).map(|i| i + 1).unwrap_or(0);
+            let kids = st.children(parent).clone();
+            (after..kids.len())
                 .find(|&i| {
                     let mut v = Vec::new();
                     st.blocks_in(kids[i], &mut v);
                     v.iter().any(|x| readers.contains(x))
                 })
-                .unwrap_or(kids.len());
-            st.insert(None, pos, node);
+                .unwrap_or(kids.len())
         }
-        None => st.insert(None, 0, node),
-    }
+        None => 0,
+    };
+    st.insert(parent, pos, node);
     Ok(blk)
 }
