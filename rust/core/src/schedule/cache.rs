@@ -192,11 +192,24 @@ fn subtree_index(st: &State, parent: Option<LoopId>, b: BlockId) -> Option<usize
     })
 }
 
-fn new_cache_buffer(st: &mut State, buffer: usize, scope: &str) -> usize {
+/// The cache buffer. Like TVM, a stage placed at the root covers only its region: the buffer
+/// then has the region's shape; a stage inside a loop gets the whole shape.
+fn new_cache_buffer(
+    st: &mut State,
+    buffer: usize,
+    scope: &str,
+    at_root: bool,
+    region: &[(Lin, i64, i64)],
+) -> usize {
     let old = st.buffers[buffer].clone();
+    let shape = if at_root && region.iter().all(|(b, _, _)| b.is_constant()) {
+        region.iter().map(|(_, _, e)| *e).collect()
+    } else {
+        old.shape
+    };
     let nb = st.add_buffer(Buffer {
         name: format!("{}_{scope}", old.name),
-        shape: old.shape,
+        shape,
         dtype: old.dtype,
         scope: scope.to_string(),
     });
@@ -230,7 +243,7 @@ pub fn cache_write(st: &mut State, b: BlockId, index: i64, scope: &str) -> Resul
     };
     let region = relaxed_region(st, I, b, &acc, parent)?;
     let buffer = acc.buffer;
-    let nb = new_cache_buffer(st, buffer, scope);
+    let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     retarget(&mut st.blocks[b].block, buffer, nb, true, true);
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, nb, buffer, &region);
@@ -303,7 +316,7 @@ pub fn cache_read(
         }
         None => st.buffers[buffer].shape.iter().map(|&d| (Lin::constant(0), 0, d)).collect(),
     };
-    let nb = new_cache_buffer(st, buffer, scope);
+    let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     for &r in &readers {
         retarget(&mut st.blocks[r].block, buffer, nb, true, false);
     }
