@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import json
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,8 +100,134 @@ def design_space_traces(workload: str, func: Any) -> Iterator[Case]:
             yield case
 
 
+# -- random primitive sequences -----------------------------------------------------------------
+# Random schedules built through TVM's Python API: splits (perfect or not), fuses, reorders, loop
+# kinds, annotations, cache_read/cache_write, inlining, compute_at/reverse_compute_at,
+# decompose_reduction, rfactor. Steps TVM refuses are dropped (TVM validates every step); the
+# trace of the accepted steps is then compared.
+FUZZ_TRACES_PER_WORKLOAD = 3
+FUZZ_STEPS = 8
+
+
+def _blocks(sch: Any) -> list[Any]:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _rand_loop(sch: Any, rng: random.Random, block: Any = None) -> Any:
+    loops = sch.get_loops(block if block is not None else rng.choice(_blocks(sch)))
+    if not loops:
+        raise ValueError("block without loops")
+    return rng.choice(list(loops))
+
+
+def _op_split(sch: Any, rng: random.Random) -> None:
+    loop = _rand_loop(sch, rng)
+    ext = int(sch.get(loop).extent)
+    divisors = [d for d in range(1, ext + 1) if ext % d == 0]
+    n = rng.choice([2, 2, 3])
+    factors: list[int | None] = [
+        rng.choice(divisors) if rng.random() < 0.8 else rng.randint(1, ext) for _ in range(n)
+    ]
+    factors[rng.randrange(n)] = None
+    sch.split(loop, factors)
+
+
+def _op_fuse(sch: Any, rng: random.Random) -> None:
+    loops = list(sch.get_loops(rng.choice(_blocks(sch))))
+    i = rng.randrange(max(len(loops) - 1, 1))
+    sch.fuse(*loops[i : i + rng.choice([2, 2, 3])])
+
+
+def _op_reorder(sch: Any, rng: random.Random) -> None:
+    loops = list(sch.get_loops(rng.choice(_blocks(sch))))
+    sch.reorder(*rng.sample(loops, min(len(loops), rng.choice([2, 3]))))
+
+
+def _op_kind(sch: Any, rng: random.Random) -> None:
+    getattr(sch, rng.choice(["parallel", "vectorize", "unroll"]))(_rand_loop(sch, rng))
+
+
+def _op_annotate(sch: Any, rng: random.Random) -> None:
+    sch.annotate(_rand_loop(sch, rng), "pragma_auto_unroll_max_step", rng.choice([16, 64]))
+
+
+def _op_cache(sch: Any, rng: random.Random) -> None:
+    block = rng.choice(_blocks(sch))
+    if rng.random() < 0.5:
+        sch.cache_read(block, rng.randrange(max(len(sch.get(block).reads), 1)), "global")
+    else:
+        sch.cache_write(block, 0, "global")
+
+
+def _op_inline(sch: Any, rng: random.Random) -> None:
+    block = rng.choice(_blocks(sch))
+    (sch.compute_inline if rng.random() < 0.6 else sch.reverse_compute_inline)(block)
+
+
+def _op_compute_at(sch: Any, rng: random.Random) -> None:
+    block = rng.choice(_blocks(sch))
+    if rng.random() < 0.5:
+        loop = _rand_loop(sch, rng, rng.choice(list(sch.get_consumers(block))))
+        sch.compute_at(block, loop, preserve_unit_loops=rng.random() < 0.5)
+    else:
+        loop = _rand_loop(sch, rng, rng.choice(list(sch.get_producers(block))))
+        sch.reverse_compute_at(block, loop, preserve_unit_loops=rng.random() < 0.5)
+
+
+def _op_decompose(sch: Any, rng: random.Random) -> None:
+    block = rng.choice(_blocks(sch))
+    sch.decompose_reduction(block, _rand_loop(sch, rng, block))
+
+
+def _op_rfactor(sch: Any, rng: random.Random) -> None:
+    sch.rfactor(_rand_loop(sch, rng), rng.choice([0, 1]))
+
+
+_OPS = [
+    _op_split,
+    _op_split,
+    _op_fuse,
+    _op_reorder,
+    _op_kind,
+    _op_annotate,
+    _op_cache,
+    _op_inline,
+    _op_compute_at,
+    _op_compute_at,
+    _op_decompose,
+    _op_rfactor,
+]
+
+
+def random_primitive_traces(workload: str, func: Any) -> Iterator[Case]:
+    """Random sequences of primitives that TVM accepts, then TVM's RewriteReductionBlock."""
+    ctx = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=TARGET, task_name="x")
+    for t in range(FUZZ_TRACES_PER_WORKLOAD):
+        rng = random.Random(f"{workload}/{t}")
+        sch = s_tir.Schedule(func)
+        for _ in range(FUZZ_STEPS):
+            try:
+                rng.choice(_OPS)(sch, rng)
+            except (RuntimeError, ValueError, IndexError, TypeError):  # TVM refused the step: drop it
+                fresh = s_tir.Schedule(func)
+                sch.trace.apply_to_schedule(fresh, remove_postproc=False)
+                sch = fresh
+        case = Case(
+            workload=workload,
+            source="random-primitives",
+            func=func,
+            pre_trace=trace_json(sch.trace),
+            pre_nest=loop_nest_from_tvm(sch.mod["main"]),
+            label=f"sequence {t}",
+        )
+        if all(p.apply(sch) for p in _postprocessors(ctx)):
+            case.post_trace = trace_json(sch.trace)
+            case.post_nest = loop_nest_from_tvm(sch.mod["main"])
+        yield case
+
+
 # Each source: (family, shape index, PrimFunc) -> cases.
-TRACE_SOURCES: list[Callable[[str, Any], Iterator[Case]]] = [design_space_traces]
+TRACE_SOURCES: list[Callable[[str, Any], Iterator[Case]]] = [design_space_traces, random_primitive_traces]
 
 
 def _compare(case: Case, trace: str, expected: dict[str, Any], postprocess: bool) -> str | None:
@@ -142,11 +269,12 @@ def test_engine_matches_tvm(family: str) -> None:
     results = _family_results(family)
     traces = {id(c) for c, _, _ in results}
     assert len(traces) >= 20, f"{family}: only {len(traces)} traces"
+    by_source = collections.Counter(c.source for c in {id(c): c for c, _, _ in results}.values())
     failures = [(c, mode, d) for c, mode, d in results if d is not None]
     by_mode = collections.Counter(mode for _, mode, _ in results)
     failed_by_mode = collections.Counter(mode for _, mode, _ in failures)
     summary = ", ".join(f"{m} {by_mode[m] - failed_by_mode[m]}/{by_mode[m]}" for m in sorted(by_mode))
-    print(f"\n{family}: {len(traces)} traces; {summary}")
+    print(f"\n{family}: {len(traces)} traces ({dict(by_source)}); {summary}")
     if failures:
         case, mode, diff = failures[0]
         trace = case.pre_trace if mode != "post-replay" else case.post_trace
