@@ -330,7 +330,11 @@ pub fn compute_at(
             None => (Lin::constant(0), 0, iv.extent - 1),
         };
         let extent = hi - lo + 1;
-        let start = base.add(&Lin::constant(lo), 1);
+        // TVM's analyzer knows the outer loop ranges: a unit loop's variable is 0 there.
+        let unit = |v: &str| (all.get(v) == Some(&1)).then_some(Expr::Int(0));
+        let start = arith::linear(&base.to_expr().substitute(&unit), &all)
+            .unwrap_or(base)
+            .add(&Lin::constant(lo), 1);
         if preserve_unit_loops || extent != 1 {
             let l = st.new_loop(extent, parent);
             st.insert(parent, insert_at, Child::Loop(l));
