@@ -168,19 +168,32 @@ fn copy_stage(
     (blk, outer.unwrap_or(Child::Block(blk)))
 }
 
-/// The deepest common loop of the given blocks (`None`: the root).
-fn lca(st: &State, blocks: &[BlockId]) -> Option<LoopId> {
-    let paths: Vec<Vec<LoopId>> = blocks.iter().map(|&b| st.loops_of(b)).collect();
-    let first = paths.first()?;
-    let mut out = None;
-    for (i, l) in first.iter().enumerate() {
-        if paths.iter().all(|p| p.get(i) == Some(l)) {
-            out = Some(*l);
-        } else {
-            break;
+/// TVM's CacheLocDetector: from the block's parent upward, the first (innermost) loop whose
+/// children hold a subtree with one of `related` after the subtree holding `b`; the stage goes
+/// right before that subtree. At the root without such a subtree: after `b`'s subtree, or at
+/// the end when `b` is not found.
+fn cache_location(st: &State, b: BlockId, related: &[BlockId]) -> (Option<LoopId>, usize) {
+    let mut p = st.blocks[b].parent;
+    loop {
+        let kids = st.children(p);
+        if let Some(i) = subtree_index(st, p, b) {
+            let hit = (i + 1..kids.len()).find(|&j| {
+                let mut v = Vec::new();
+                st.blocks_in(kids[j], &mut v);
+                v.iter().any(|x| related.contains(x))
+            });
+            if let Some(j) = hit {
+                return (p, j);
+            }
+            if p.is_none() {
+                return (None, if related.is_empty() { kids.len() } else { i + 1 });
+            }
+        }
+        match p {
+            Some(l) => p = st.loops[l].parent,
+            None => return (None, kids.len()),
         }
     }
-    out
 }
 
 /// The child of `parent` whose subtree holds block `b`.
@@ -232,30 +245,15 @@ pub fn cache_write(st: &mut State, b: BlockId, index: i64, scope: &str) -> Resul
         .cloned()
         .ok_or_else(|| Error::schedule(I, format!("write buffer index {index} out of range")))?;
     let consumers = st.consumers(b);
-    // The stage goes into the deepest loop holding the block and its consumers, right before
-    // the first consumer; it covers what the block writes under that loop.
-    let parent = if consumers.is_empty() {
-        None
-    } else {
-        let mut group = consumers.clone();
-        group.push(b);
-        lca(st, &group)
-    };
+    // The stage goes right before the first consumer found from the block upward, and covers
+    // what the block writes under that loop.
+    let (parent, pos) = cache_location(st, b, &consumers);
     let region = relaxed_region(st, I, b, &acc, parent)?;
     let buffer = acc.buffer;
     let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     retarget(&mut st.blocks[b].block, buffer, nb, true, true);
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, nb, buffer, &region);
-    let after = subtree_index(st, parent, b).map(|i| i + 1).unwrap_or(0);
-    let kids = st.children(parent).clone();
-    let pos = (after..kids.len())
-        .find(|&i| {
-            let mut v = Vec::new();
-            st.blocks_in(kids[i], &mut v);
-            v.iter().any(|x| consumers.contains(x))
-        })
-        .unwrap_or(kids.len());
     st.insert(parent, pos, node);
     Ok(blk)
 }
@@ -292,16 +290,12 @@ pub fn cache_read(
         .all_blocks()
         .into_iter()
         .find(|&x| st.blocks[x].block.writes.iter().any(|a| a.buffer == buffer));
-    // As TVM: with a writer block, the stage goes into the deepest loop holding the writer and
-    // the readers, after the writer and right before the first reader, and covers what the
-    // writer writes under that loop; an input buffer is copied whole, first in the function.
-    let parent = match writer {
-        Some(w) => {
-            let mut group = readers.clone();
-            group.push(w);
-            lca(st, &group)
-        }
-        None => None,
+    // As TVM: with a writer block, the stage goes right before the first reader found from the
+    // writer upward and covers what the writer writes under that loop; an input buffer is
+    // copied whole, first in the function.
+    let (parent, pos) = match writer {
+        Some(w) => cache_location(st, w, &readers),
+        None => (None, 0),
     };
     let region = match writer {
         Some(w) => {
@@ -322,20 +316,6 @@ pub fn cache_read(
     }
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, buffer, nb, &region);
-    let pos = match writer {
-        Some(w) => {
-            let after = subtree_index(st, parent, w).map(|i| i + 1).unwrap_or(0);
-            let kids = st.children(parent).clone();
-            (after..kids.len())
-                .find(|&i| {
-                    let mut v = Vec::new();
-                    st.blocks_in(kids[i], &mut v);
-                    v.iter().any(|x| readers.contains(x))
-                })
-                .unwrap_or(kids.len())
-        }
-        None => 0,
-    };
     st.insert(parent, pos, node);
     Ok(blk)
 }
