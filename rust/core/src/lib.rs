@@ -10,6 +10,7 @@ pub mod error;
 pub mod model;
 pub mod program;
 pub mod rng;
+pub mod schedule;
 pub mod search;
 pub mod sketch;
 

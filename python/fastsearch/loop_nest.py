@@ -1,0 +1,142 @@
+"""Loop-nest descriptions of scheduled TIR, from TVM and from fastsearch's schedule engine.
+
+Both sides produce the same JSON-compatible dict, so a schedule replayed by the Rust engine can
+be compared with the one TVM builds from the same trace:
+
+``{"root_annotations": {...}, "buffers": [{"name", "shape", "dtype", "scope"}...],
+"body": [node...]}`` where a node is ``{"loop": {"extent", "kind", "thread", "annotations",
+"body"}}`` or ``{"block": {"name", "annotations"}}``. Loop variable names are left out: they are
+naming noise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import SBlockRealize
+from tvm.sym import Analyzer as _Analyzer
+from tvm.tirx import expr as _E
+
+from fastsearch import _core
+from fastsearch.tir_import import program_json
+
+_FOR_KIND = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread_binding"}
+
+
+def _value(v: Any) -> Any:
+    """An annotation or trace value as plain JSON (ints, floats, strings, lists)."""
+    if isinstance(v, _E.IntImm):
+        return int(v.value)
+    if isinstance(v, _E.FloatImm):
+        return float(v.value)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) or type(v).__name__ in ("Array", "List"):
+        return [_value(x) for x in v]
+    if isinstance(v, tvm.runtime.String if hasattr(tvm.runtime, "String") else str):
+        return str(v)
+    try:
+        return [_value(x) for x in v]
+    except TypeError:
+        return str(v)
+
+
+def _annotations(anns: Any) -> dict[str, Any]:
+    return {str(k): _value(v) for k, v in anns.items()}
+
+
+def _extent(e: Any) -> Any:
+    """A loop extent as an int; TVM may leave a constant expression unfolded."""
+    if isinstance(e, _E.IntImm):
+        return int(e.value)
+    folded = _Analyzer().simplify(e)
+    return int(folded.value) if isinstance(folded, _E.IntImm) else str(folded)
+
+
+def _nodes(stmt: Any) -> list[dict[str, Any]]:
+    if isinstance(stmt, tirx.SeqStmt):
+        out: list[dict[str, Any]] = []
+        for s in stmt.seq:
+            out.extend(_nodes(s))
+        return out
+    if isinstance(stmt, tirx.For):
+        return [
+            {
+                "loop": {
+                    "extent": _extent(stmt.extent),
+                    "kind": _FOR_KIND.get(int(stmt.kind), str(stmt.kind)),
+                    "thread": None if stmt.thread_binding is None else str(stmt.thread_binding.thread_tag),
+                    "annotations": _annotations(stmt.annotations),
+                    "body": _nodes(stmt.body),
+                }
+            }
+        ]
+    if isinstance(stmt, SBlockRealize):
+        blk = stmt.block
+        return [{"block": {"name": str(blk.name_hint), "annotations": _annotations(blk.annotations)}}]
+    raise TypeError(f"unexpected statement {type(stmt).__name__} in a scheduled PrimFunc")
+
+
+def loop_nest_from_tvm(func: tirx.PrimFunc) -> dict[str, Any]:
+    """The loop nest of a (TVM-scheduled) PrimFunc."""
+    body = func.body
+    if not isinstance(body, SBlockRealize):
+        raise TypeError("the function body is not a root block")
+    root = body.block
+    return {
+        "root_annotations": _annotations(root.annotations),
+        "buffers": [
+            {
+                "name": str(b.name),
+                "shape": [int(d) for d in b.shape],
+                "dtype": str(b.dtype),
+                "scope": str(b.scope()),
+            }
+            for b in root.alloc_buffers
+        ],
+        "body": _nodes(root.body),
+    }
+
+
+def trace_json(trace: Any) -> str:
+    """A TVM ``Trace`` (or its ``as_json()`` value) as a JSON string."""
+    value = trace.as_json() if hasattr(trace, "as_json") else trace
+    return json.dumps(_value(value))
+
+
+def loop_nest_from_trace(func: tirx.PrimFunc, trace: Any, postprocess: bool = False) -> dict[str, Any]:
+    """The loop nest fastsearch's engine builds by replaying ``trace`` (JSON text, a TVM
+    ``Trace`` or its ``as_json()`` value) on the unscheduled ``func``."""
+    text = trace if isinstance(trace, str) else trace_json(trace)
+    return json.loads(_core.apply_trace(program_json(func), text, postprocess))
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """Where two loop nests first differ, as a readable path, or ``None`` when equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k}: present only on {'left' if k in a else 'right'}"
+            d = first_difference(a[k], b[k], f"{path}.{k}")
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}[{i}]")
+            if d is not None:
+                return d
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} != {len(b)}"
+        return None
+    if a != b:
+        return f"{path}: {_short(a)} != {_short(b)}"
+    return None
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) < 200 else text[:200] + "..."

@@ -1,0 +1,42 @@
+//! The schedule engine: MetaSchedule's scheduling instructions applied to the program model,
+//! traces read and written in MetaSchedule's JSON, and the effect of the CPU postprocessors.
+//!
+//! * [`state`] — the mutable loop tree, addressed by stable loop and block ids.
+//! * [`arith`] — linear forms, simplification and interval bounds of index expressions.
+//! * [`loops`] — split, fuse, reorder, loop kinds.
+//! * [`compute`] — compute_at, reverse_compute_at, compute_inline, reverse_compute_inline.
+//! * [`cache`] — cache_read, cache_write.
+//! * [`reduction`] — decompose_reduction, rfactor.
+//! * [`trace`] — trace JSON and replay.
+//! * [`postproc`] — RewriteParallelVectorizeUnroll and RewriteReductionBlock.
+//! * [`nest`] — the loop-nest description compared against TVM.
+
+pub mod arith;
+pub mod cache;
+pub mod compute;
+pub mod loops;
+pub mod nest;
+pub mod postproc;
+pub mod reduction;
+pub mod state;
+pub mod trace;
+
+#[cfg(test)]
+mod tests;
+
+pub use state::State;
+pub use trace::{Instruction, Replayer, Trace};
+
+use crate::error::Result;
+use crate::program::Program;
+
+/// Replays `trace_json` on the program and returns the loop-nest JSON. With `postprocess`, the
+/// trace's postprocessing instructions (after `EnterPostproc`) are replaced by our own
+/// implementation of the CPU postprocessors.
+pub fn apply_trace(program_json: &str, trace_json: &str, postprocess: bool) -> Result<String> {
+    let program = Program::from_json(program_json)?;
+    let trace = Trace::from_json(trace_json)?;
+    let mut st = State::from_program(&program)?;
+    trace::apply_trace(&mut st, &trace, postprocess)?;
+    Ok(nest::loop_nest(&st).to_string())
+}
