@@ -353,6 +353,8 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             .map(|&l| Expr::Var(st.loops[l].var.clone()).substitute(&csub)),
     );
     let rfb = st.new_block(rf_block, rf_bindings, up);
+    // The rf block keeps the predicate; TVM's write-back block has none.
+    st.blocks[rfb].predicate = st.blocks[b].predicate.substitute(&csub);
     if let Some(p) = up {
         st.loops[p].children.push(Child::Block(rfb));
     }
@@ -392,6 +394,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         value: bin(op, w_load, rf_load),
     }];
     sb.bindings = wb_bindings;
+    sb.predicate = Expr::Bool(true);
     for &l in reduce_loops.iter().filter(|&&l| l != rf) {
         unlink_loop(st, l)?;
     }
