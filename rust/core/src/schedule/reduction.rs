@@ -244,7 +244,22 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             rf_bindings_spatial.push(e.clone());
         }
     }
-    for &l in reduce_loops.iter().filter(|&&l| l != rf) {
+    // One reduction variable per other reduction loop, in the order the original reduction
+    // variables' bindings mention them (TVM's order, not the loop nesting order).
+    let mut order: Vec<LoopId> = Vec::new();
+    for (iv, e) in blk.iter_vars.iter().zip(&bindings) {
+        if iv.kind != IterKind::Reduce {
+            continue;
+        }
+        for v in arith::vars_of(e) {
+            if let Some(l) = st.loop_by_var(&v) {
+                if l != rf && reduce_loops.contains(&l) && !order.contains(&l) {
+                    order.push(l);
+                }
+            }
+        }
+    }
+    for &l in &order {
         ivs.push(IterVar {
             name: name_of(l),
             min: 0,
