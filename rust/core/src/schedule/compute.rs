@@ -196,7 +196,9 @@ fn solve_domains(
 
 /// Clamps a domain to the iteration variable's range the way TVM does: keep it when provably
 /// inside, take the bound when provably covering it, intersect when constant.
-fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
+/// `None` when the domain straddles the range's edge depending on outer loops: TVM then makes
+/// a loop whose extent depends on them (dynamic).
+fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (bmin, bmax) = dom
         .base
         .bounds(&|x| arith::atom_bounds(x, all))
@@ -204,14 +206,14 @@ fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
     if dom.base.is_constant() {
         let lo = (dom.base.constant + dom.lo).max(0);
         let hi = (dom.base.constant + dom.hi).min(bound_max);
-        return (Lin::constant(0), lo, hi.max(lo));
+        return Some((Lin::constant(0), lo, hi.max(lo)));
     }
     if bmin + dom.lo >= 0 && bmax + dom.hi <= bound_max {
-        (dom.base, dom.lo, dom.hi)
+        Some((dom.base, dom.lo, dom.hi))
     } else if bmax + dom.lo <= 0 && bmin + dom.hi >= bound_max {
-        (Lin::constant(0), 0, bound_max)
+        Some((Lin::constant(0), 0, bound_max))
     } else {
-        (dom.base, dom.lo, dom.hi)
+        None
     }
 }
 
@@ -319,16 +321,28 @@ pub fn compute_at(
     let required = required_regions(st, inst, req_blocks, target, req_writes, &bufs)?;
     let doms = solve_domains(st, inst, b, provided, &required)?;
     let all = st.ranges();
+    // Every domain is checked before the tree changes.
+    let mut spans = Vec::new();
+    for (iv, dom) in block.iter_vars.iter().zip(doms) {
+        spans.push(match dom {
+            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all).ok_or_else(|| {
+                Error::schedule(
+                    inst,
+                    format!(
+                        "the domain of {} of block {name} crosses its range depending on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)",
+                        iv.name
+                    ),
+                )
+            })?,
+            None => (Lin::constant(0), 0, iv.extent - 1),
+        });
+    }
     // The new loop nest, one loop per iteration variable (unit loops kept on request).
     st.detach(Child::Block(b))?;
     let mut parent = Some(target);
     let mut insert_at = pos;
     let mut bindings = Vec::new();
-    for (iv, dom) in block.iter_vars.iter().zip(doms) {
-        let (base, lo, hi) = match dom {
-            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all),
-            None => (Lin::constant(0), 0, iv.extent - 1),
-        };
+    for (base, lo, hi) in spans {
         let extent = hi - lo + 1;
         // TVM's analyzer knows the outer loop ranges: a unit loop's variable is 0 there.
         let unit = |v: &str| (all.get(v) == Some(&1)).then_some(Expr::Int(0));
