@@ -196,8 +196,8 @@ fn solve_domains(
 
 /// Clamps a domain to the iteration variable's range the way TVM does: keep it when provably
 /// inside, take the bound when provably covering it, intersect when constant.
-/// `None` when the domain straddles the range's edge depending on outer loops: TVM then makes
-/// a loop whose extent depends on them (dynamic).
+/// A domain that straddles the range's edge depending on outer loops is kept whole (TVM adds a
+/// predicate). `None` is reserved for domains that cannot be placed at all.
 fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (bmin, bmax) = dom
         .base
@@ -213,7 +213,7 @@ fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i6
     } else if bmax + dom.lo <= 0 && bmin + dom.hi >= bound_max {
         Some((Lin::constant(0), 0, bound_max))
     } else {
-        None
+        Some((dom.base, dom.lo, dom.hi))
     }
 }
 
