@@ -85,6 +85,7 @@ fn relaxed_region(
         .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
         .collect();
     let shape = st.buffers[acc.buffer].shape.clone();
+    let predicated = sb.predicate != Expr::Bool(true);
     acc.region
         .iter()
         .enumerate()
@@ -96,10 +97,10 @@ fn relaxed_region(
             let iv = arith::relax(&min.substitute(&map), &relaxed, &all)
                 .filter(|iv| iv.exact)
                 .ok_or_else(|| Error::schedule(inst, "cannot bound the cached region"))?;
-            if !iv.base.is_constant() {
+            if !iv.base.is_constant() || !predicated {
                 return Ok((iv.base, iv.lo, iv.hi - iv.lo + ext));
             }
-            // Clipped to the buffer: predicated tails do not widen the region.
+            // A predicated block (a split tail) stays inside the buffer: clip.
             let lo = (iv.base.constant + iv.lo).max(0);
             let hi =
                 (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);

@@ -79,7 +79,7 @@ fn required_regions(
                 iv.hi += ext - 1;
                 dims[d] = Some(match dims[d].take() {
                     None => iv,
-                    Some(prev) => union(inst, prev, iv)?,
+                    Some(prev) => union(inst, prev, iv, &all)?,
                 });
             }
         }
@@ -87,9 +87,32 @@ fn required_regions(
     Ok(out)
 }
 
-fn union(inst: &str, a: SymInterval, b: SymInterval) -> Result<SymInterval> {
+fn union(inst: &str, a: SymInterval, b: SymInterval, all: &Ranges) -> Result<SymInterval> {
     let diff = b.base.add(&a.base, -1);
     if !diff.is_constant() {
+        // Different symbolic starts: fine when one constant interval covers the other for
+        // every value of the outer loops (TVM's simplifier proves the same).
+        let span = |x: &SymInterval| {
+            x.base
+                .bounds(&|e| arith::atom_bounds(e, all))
+                .map(|(l, h)| (l + x.lo, h + x.hi))
+        };
+        let covers = |x: &SymInterval, y: &SymInterval| {
+            x.base.is_constant()
+                && matches!((span(x), span(y)), (Some((xl, xh)), Some((yl, yh))) if xl <= yl && yh <= xh)
+        };
+        if covers(&a, &b) {
+            return Ok(SymInterval {
+                exact: a.exact && b.exact,
+                ..a
+            });
+        }
+        if covers(&b, &a) {
+            return Ok(SymInterval {
+                exact: a.exact && b.exact,
+                ..b
+            });
+        }
         return Err(Error::schedule(
             inst,
             "regions with different symbolic bases cannot be united",
@@ -115,6 +138,7 @@ fn solve_domains(
 ) -> Result<Vec<Option<(SymInterval, i64)>>> {
     let block = &st.blocks[b].block;
     let empty = Ranges::new();
+    let all = st.ranges();
     let mut doms: Vec<Option<(SymInterval, i64)>> = vec![None; block.iter_vars.len()];
     for acc in provided {
         let Some(req) = required.get(&acc.buffer) else {
@@ -187,7 +211,7 @@ fn solve_domains(
             };
             doms[i] = Some(match doms[i].take() {
                 None => (dom, bound_max),
-                Some((prev, pb)) => (union(inst, prev, dom)?, pb.min(bound_max)),
+                Some((prev, pb)) => (union(inst, prev, dom, &all)?, pb.min(bound_max)),
             });
         }
     }
@@ -196,7 +220,9 @@ fn solve_domains(
 
 /// Clamps a domain to the iteration variable's range the way TVM does: keep it when provably
 /// inside, take the bound when provably covering it, intersect when constant.
-fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
+/// A domain that straddles the range's edge depending on outer loops is kept whole (TVM adds a
+/// predicate). `None` is reserved for domains that cannot be placed at all.
+fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (bmin, bmax) = dom
         .base
         .bounds(&|x| arith::atom_bounds(x, all))
@@ -204,14 +230,14 @@ fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
     if dom.base.is_constant() {
         let lo = (dom.base.constant + dom.lo).max(0);
         let hi = (dom.base.constant + dom.hi).min(bound_max);
-        return (Lin::constant(0), lo, hi.max(lo));
+        return Some((Lin::constant(0), lo, hi.max(lo)));
     }
     if bmin + dom.lo >= 0 && bmax + dom.hi <= bound_max {
-        (dom.base, dom.lo, dom.hi)
+        Some((dom.base, dom.lo, dom.hi))
     } else if bmax + dom.lo <= 0 && bmin + dom.hi >= bound_max {
-        (Lin::constant(0), 0, bound_max)
+        Some((Lin::constant(0), 0, bound_max))
     } else {
-        (dom.base, dom.lo, dom.hi)
+        Some((dom.base, dom.lo, dom.hi))
     }
 }
 
@@ -319,16 +345,28 @@ pub fn compute_at(
     let required = required_regions(st, inst, req_blocks, target, req_writes, &bufs)?;
     let doms = solve_domains(st, inst, b, provided, &required)?;
     let all = st.ranges();
+    // Every domain is checked before the tree changes.
+    let mut spans = Vec::new();
+    for (iv, dom) in block.iter_vars.iter().zip(doms) {
+        spans.push(match dom {
+            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all).ok_or_else(|| {
+                Error::schedule(
+                    inst,
+                    format!(
+                        "the domain of {} of block {name} crosses its range depending on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)",
+                        iv.name
+                    ),
+                )
+            })?,
+            None => (Lin::constant(0), 0, iv.extent - 1),
+        });
+    }
     // The new loop nest, one loop per iteration variable (unit loops kept on request).
     st.detach(Child::Block(b))?;
     let mut parent = Some(target);
     let mut insert_at = pos;
     let mut bindings = Vec::new();
-    for (iv, dom) in block.iter_vars.iter().zip(doms) {
-        let (base, lo, hi) = match dom {
-            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all),
-            None => (Lin::constant(0), 0, iv.extent - 1),
-        };
+    for (base, lo, hi) in spans {
         let extent = hi - lo + 1;
         // TVM's analyzer knows the outer loop ranges: a unit loop's variable is 0 there.
         let unit = |v: &str| (all.get(v) == Some(&1)).then_some(Expr::Int(0));

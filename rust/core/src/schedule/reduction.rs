@@ -244,7 +244,22 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             rf_bindings_spatial.push(e.clone());
         }
     }
-    for &l in reduce_loops.iter().filter(|&&l| l != rf) {
+    // One reduction variable per other reduction loop, in the order the original reduction
+    // variables' bindings mention them (TVM's order, not the loop nesting order).
+    let mut order: Vec<LoopId> = Vec::new();
+    for (iv, e) in blk.iter_vars.iter().zip(&bindings) {
+        if iv.kind != IterKind::Reduce {
+            continue;
+        }
+        for v in arith::vars_of(e) {
+            if let Some(l) = st.loop_by_var(&v) {
+                if l != rf && reduce_loops.contains(&l) && !order.contains(&l) {
+                    order.push(l);
+                }
+            }
+        }
+    }
+    for &l in &order {
         ivs.push(IterVar {
             name: name_of(l),
             min: 0,
@@ -353,6 +368,8 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             .map(|&l| Expr::Var(st.loops[l].var.clone()).substitute(&csub)),
     );
     let rfb = st.new_block(rf_block, rf_bindings, up);
+    // The rf block keeps the predicate; TVM's write-back block has none.
+    st.blocks[rfb].predicate = st.blocks[b].predicate.substitute(&csub);
     if let Some(p) = up {
         st.loops[p].children.push(Child::Block(rfb));
     }
@@ -392,6 +409,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         value: bin(op, w_load, rf_load),
     }];
     sb.bindings = wb_bindings;
+    sb.predicate = Expr::Bool(true);
     for &l in reduce_loops.iter().filter(|&&l| l != rf) {
         unlink_loop(st, l)?;
     }
