@@ -4,14 +4,55 @@
 use std::collections::HashMap;
 
 use fastsearch_core::program::Program;
+use fastsearch_core::rng::Rng;
 use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
 use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
 use fastsearch_core::search::SearchContext;
 use fastsearch_core::sketch::{CpuTarget, Genome, Rule, SketchSpace};
 
-fn program(name: &str) -> Program {
-    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
-    Program::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+/// A program with its sketches, a 2-core target and the measured candidates.
+struct Fixture {
+    program: Program,
+    space: SketchSpace,
+    target: CpuTarget,
+    measured: HashMap<String, f64>,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+        let program = Program::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let space = SketchSpace::new(&program);
+        Fixture {
+            program,
+            space,
+            target: CpuTarget::new(2),
+            measured: HashMap::new(),
+        }
+    }
+
+    fn ctx(&self) -> SearchContext<'_> {
+        SearchContext {
+            program: &self.program,
+            space: &self.space,
+            target: &self.target,
+            measured: &self.measured,
+        }
+    }
+
+    fn random(&self, n: u64, seed: u64) -> Vec<Genome> {
+        (0..n)
+            .map(|i| {
+                self.space
+                    .draw(&self.program, &self.target, &mut Rng::derive(seed, i))
+            })
+            .collect()
+    }
+
+    fn mean_score(&self, genomes: &[Genome]) -> f64 {
+        let s = synthetic(&self.program, &self.space, genomes);
+        s.iter().sum::<f64>() / s.len() as f64
+    }
 }
 
 /// Prefers innermost tiles of 16 and middle tiles of 4 on every loop of tiled blocks.
@@ -37,69 +78,45 @@ fn synthetic(_: &Program, _: &SketchSpace, genomes: &[Genome]) -> Vec<f64> {
         .collect()
 }
 
-fn mean(xs: &[f64]) -> f64 {
-    xs.iter().sum::<f64>() / xs.len() as f64
+fn genomes(proposals: &[fastsearch_core::search::Proposal]) -> Vec<Genome> {
+    proposals.iter().map(|x| x.genome.clone()).collect()
 }
 
 #[test]
 fn evolution_beats_random_draws_and_skips_measured() {
-    let p = program("gmm_512");
-    let space = SketchSpace::new(&p);
-    let target = CpuTarget::new(2);
-    let empty = HashMap::new();
-    let ctx = SearchContext {
-        program: &p,
-        space: &space,
-        target: &target,
-        measured: &empty,
-    };
+    let mut f = Fixture::new("gmm_512");
     let config = EvolutionConfig {
         population: 256,
         generations: 4,
         epsilon: 0.0,
         ..Default::default()
     };
-    let best = evolve(&ctx, &synthetic, &[], 16, &config, 7);
+    let best = evolve(&f.ctx(), &synthetic, &[], 16, &config, 7);
     assert_eq!(best.len(), 16);
-    let random: Vec<Genome> = (0..256)
-        .map(|i| space.draw(&p, &target, &mut fastsearch_core::rng::Rng::derive(99, i)))
-        .collect();
-    let evolved: Vec<Genome> = best.iter().map(|x| x.genome.clone()).collect();
     let (e, r) = (
-        mean(&synthetic(&p, &space, &evolved)),
-        mean(&synthetic(&p, &space, &random)),
+        f.mean_score(&genomes(&best)),
+        f.mean_score(&f.random(256, 99)),
     );
     assert!(e > r + 1.0, "evolved mean score {e} not above random {r}");
 
     // Measured candidates are never proposed again.
-    let measured: HashMap<String, f64> =
-        best.iter().take(8).map(|x| (x.key.clone(), 1.0)).collect();
-    let ctx = SearchContext {
-        program: &p,
-        space: &space,
-        target: &target,
-        measured: &measured,
-    };
-    let again = evolve(&ctx, &synthetic, &[], 16, &config, 7);
-    assert!(again.iter().all(|x| !measured.contains_key(&x.key)));
+    f.measured = best.iter().take(8).map(|x| (x.key.clone(), 1.0)).collect();
+    let again = evolve(&f.ctx(), &synthetic, &[], 16, &config, 7);
+    assert!(again.iter().all(|x| !f.measured.contains_key(&x.key)));
 }
 
 #[test]
 fn search_is_the_same_on_one_or_many_threads() {
-    let p = program("cbr_small");
-    let space = SketchSpace::new(&p);
-    let target = CpuTarget::new(2);
-    let empty = HashMap::new();
-    let ctx = SearchContext {
-        program: &p,
-        space: &space,
-        target: &target,
-        measured: &empty,
-    };
+    let f = Fixture::new("cbr_small");
     let config = EvolutionConfig {
         population: 128,
         generations: 3,
         ..Default::default()
+    };
+    let annealing = AnnealingConfig {
+        chains: 64,
+        steps: 8,
+        start_temperature: 1.0,
     };
     let run = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -107,26 +124,13 @@ fn search_is_the_same_on_one_or_many_threads() {
             .build()
             .unwrap();
         pool.install(|| {
-            let e: Vec<String> = evolve(&ctx, &synthetic, &[], 12, &config, 3)
-                .into_iter()
-                .map(|x| x.key)
-                .collect();
-            let a: Vec<String> = anneal(
-                &ctx,
-                &synthetic,
-                &[],
-                12,
-                &AnnealingConfig {
-                    chains: 64,
-                    steps: 8,
-                    start_temperature: 1.0,
-                },
-                3,
+            let keys = |p: Vec<fastsearch_core::search::Proposal>| {
+                p.into_iter().map(|x| x.key).collect::<Vec<_>>()
+            };
+            (
+                keys(evolve(&f.ctx(), &synthetic, &[], 12, &config, 3)),
+                keys(anneal(&f.ctx(), &synthetic, &[], 12, &annealing, 3)),
             )
-            .into_iter()
-            .map(|x| x.key)
-            .collect();
-            (e, a)
         })
     };
     assert_eq!(run(1), run(4));
@@ -134,43 +138,21 @@ fn search_is_the_same_on_one_or_many_threads() {
 
 #[test]
 fn annealing_improves_on_its_start() {
-    let p = program("gmm_512");
-    let space = SketchSpace::new(&p);
-    let target = CpuTarget::new(2);
-    let empty = HashMap::new();
-    let ctx = SearchContext {
-        program: &p,
-        space: &space,
-        target: &target,
-        measured: &empty,
-    };
+    let f = Fixture::new("gmm_512");
     let config = AnnealingConfig {
         chains: 64,
         steps: 32,
         start_temperature: 0.5,
     };
-    let out = anneal(&ctx, &synthetic, &[], 8, &config, 5);
-    let random: Vec<Genome> = (0..64)
-        .map(|i| space.draw(&p, &target, &mut fastsearch_core::rng::Rng::derive(5, i)))
-        .collect();
-    let got: Vec<Genome> = out.iter().map(|x| x.genome.clone()).collect();
-    assert!(mean(&synthetic(&p, &space, &got)) > mean(&synthetic(&p, &space, &random)) + 1.0);
+    let out = anneal(&f.ctx(), &synthetic, &[], 8, &config, 5);
+    assert!(f.mean_score(&genomes(&out)) > f.mean_score(&f.random(64, 5)) + 1.0);
 }
 
 #[test]
 fn small_spaces_still_fill_the_batch() {
-    let p = program("sfm_small");
-    let space = SketchSpace::new(&p);
-    let target = CpuTarget::new(2);
-    let empty = HashMap::new();
-    let ctx = SearchContext {
-        program: &p,
-        space: &space,
-        target: &target,
-        measured: &empty,
-    };
+    let f = Fixture::new("sfm_small");
     let out = evolve(
-        &ctx,
+        &f.ctx(),
         &synthetic,
         &[],
         8,
