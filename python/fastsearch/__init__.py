@@ -14,16 +14,18 @@ from fastsearch.errors import (
     ScheduleError,
     UnsupportedWorkload,
 )
+from fastsearch.sample import sample
 
 __all__ = [
-    "__version__",
+    "DatabaseError",
     "FastsearchError",
-    "UnsupportedWorkload",
-    "ScheduleError",
-    "InvalidTrace",
-    "MalformedInput",
     "InternalError",
     "InvalidTarget",
-    "DatabaseError",
+    "InvalidTrace",
+    "MalformedInput",
     "MeasurementError",
+    "ScheduleError",
+    "UnsupportedWorkload",
+    "__version__",
+    "sample",
 ]

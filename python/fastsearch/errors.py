@@ -29,13 +29,13 @@ class MeasurementError(FastsearchError):
 
 
 __all__ = [
-    "FastsearchError",
-    "UnsupportedWorkload",
-    "ScheduleError",
-    "InvalidTrace",
-    "InternalError",
-    "MalformedInput",
-    "InvalidTarget",
     "DatabaseError",
+    "FastsearchError",
+    "InternalError",
+    "InvalidTarget",
+    "InvalidTrace",
+    "MalformedInput",
     "MeasurementError",
+    "ScheduleError",
+    "UnsupportedWorkload",
 ]

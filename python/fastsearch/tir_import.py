@@ -15,8 +15,8 @@ import tvm
 from tvm import tirx
 from tvm.ir.expr import Call as _Call
 from tvm.ir.expr import TensorLoad as _TensorLoad
-from tvm.tirx import expr as _E
 from tvm.s_tir import SBlock, SBlockRealize
+from tvm.tirx import expr as _E
 
 from fastsearch.errors import UnsupportedWorkload
 

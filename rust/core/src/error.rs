@@ -12,7 +12,10 @@ pub enum Error {
     Malformed(String),
     /// A schedule instruction is invalid on the program (TVM refuses it too).
     #[error("schedule error in {instruction}: {message}")]
-    Schedule { instruction: String, message: String },
+    Schedule {
+        instruction: String,
+        message: String,
+    },
     /// A trace cannot be read.
     #[error("invalid trace: {0}")]
     InvalidTrace(String),
@@ -25,6 +28,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn schedule(instruction: &str, message: impl Into<String>) -> Self {
-        Error::Schedule { instruction: instruction.to_string(), message: message.into() }
+        Error::Schedule {
+            instruction: instruction.to_string(),
+            message: message.into(),
+        }
     }
 }

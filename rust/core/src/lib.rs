@@ -7,8 +7,11 @@
 //! * [`rng`] — the deterministic random number generator every sampler uses.
 
 pub mod error;
+pub mod model;
 pub mod program;
 pub mod rng;
 pub mod schedule;
+pub mod search;
+pub mod sketch;
 
 pub use error::{Error, Result};

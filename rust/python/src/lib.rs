@@ -6,7 +6,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use std::collections::HashSet;
+
 use fastsearch_core::program::Program;
+use fastsearch_core::sketch::{self, CpuTarget};
 use fastsearch_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -107,6 +110,28 @@ fn apply_trace(
     })
 }
 
+/// Draws up to `n` distinct candidates from fastsearch's CPU sketches, as MetaSchedule trace
+/// JSON strings (before postprocessing), skipping those in `exclude`.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, n, seed, exclude=Vec::new()))]
+fn sample_sketches(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    n: usize,
+    seed: u64,
+    exclude: Vec<String>,
+) -> PyResult<Vec<String>> {
+    guarded(py, "sample_sketches", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget {
+            num_cores: num_cores.max(1),
+        };
+        let exclude: HashSet<String> = exclude.into_iter().collect();
+        Ok(sketch::sample(&program, &target, n, seed, &exclude))
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -118,6 +143,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
     m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -33,7 +33,12 @@ impl OpCounts {
     }
 
     pub fn float_ops(&self) -> u32 {
-        self.float_add_sub + self.float_mul + self.float_div_mod + self.float_cmp + self.float_math + self.float_other
+        self.float_add_sub
+            + self.float_mul
+            + self.float_div_mod
+            + self.float_cmp
+            + self.float_math
+            + self.float_other
     }
 
     fn count(&mut self, program: &Program, e: &Expr, dtype: &str) {
@@ -44,12 +49,16 @@ impl OpCounts {
                 let slot = match (op, f) {
                     (BinOp::Add | BinOp::Sub, true) => &mut self.float_add_sub,
                     (BinOp::Mul, true) => &mut self.float_mul,
-                    (BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod, true) => &mut self.float_div_mod,
+                    (BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod, true) => {
+                        &mut self.float_div_mod
+                    }
                     (BinOp::Min | BinOp::Max, true) => &mut self.float_other,
                     (op, true) if op.is_comparison() => &mut self.float_cmp,
                     (BinOp::Add | BinOp::Sub, false) => &mut self.int_add_sub,
                     (BinOp::Mul, false) => &mut self.int_mul,
-                    (BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod, false) => &mut self.int_div_mod,
+                    (BinOp::Div | BinOp::Mod | BinOp::FloorDiv | BinOp::FloorMod, false) => {
+                        &mut self.int_div_mod
+                    }
                     (op, false) if op.is_comparison() => &mut self.int_cmp,
                     (BinOp::And | BinOp::Or, _) => &mut self.bool_op,
                     _ => &mut self.int_other,
@@ -75,7 +84,11 @@ impl OpCounts {
                     self.count(program, i, "int32");
                 }
             }
-            Expr::Call { args, dtype: call_dtype, .. } => {
+            Expr::Call {
+                args,
+                dtype: call_dtype,
+                ..
+            } => {
                 if call_dtype.starts_with("float") {
                     self.float_math += 1;
                 } else {

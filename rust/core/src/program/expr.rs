@@ -74,7 +74,10 @@ impl BinOp {
     }
 
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge)
+        matches!(
+            self,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge
+        )
     }
 }
 
@@ -82,16 +85,29 @@ impl BinOp {
 pub enum Expr {
     Int(i64),
     Bool(bool),
-    Float { value: f64, dtype: String },
+    Float {
+        value: f64,
+        dtype: String,
+    },
     Var(String),
     Bin(BinOp, Box<Expr>, Box<Expr>),
     Not(Box<Expr>),
     Select(Box<Expr>, Box<Expr>, Box<Expr>),
-    Cast { dtype: String, value: Box<Expr> },
+    Cast {
+        dtype: String,
+        value: Box<Expr>,
+    },
     /// A read of `buffer` (an index into the program's buffers).
-    Load { buffer: usize, indices: Vec<Expr> },
+    Load {
+        buffer: usize,
+        indices: Vec<Expr>,
+    },
     /// An intrinsic or math call such as `tirx.exp`.
-    Call { name: String, dtype: String, args: Vec<Expr> },
+    Call {
+        name: String,
+        dtype: String,
+        args: Vec<Expr>,
+    },
 }
 
 fn malformed(what: &str, v: &Value) -> Error {
@@ -114,37 +130,64 @@ pub(crate) fn as_i64(v: &Value, what: &str) -> Result<i64> {
 impl Expr {
     /// Parses the array form the Python exporter writes (`["add", a, b]`, `["var", "i"]`, ...).
     pub fn from_json(v: &Value, n_buffers: usize) -> Result<Expr> {
-        let arr = v.as_array().ok_or_else(|| malformed("expression must be an array", v))?;
-        let head = arr.first().ok_or_else(|| malformed("empty expression", v))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| malformed("expression must be an array", v))?;
+        let head = arr
+            .first()
+            .ok_or_else(|| malformed("empty expression", v))?;
         let tag = as_str(head, "expression tag")?;
         let arg = |i: usize| arr.get(i).ok_or_else(|| malformed("missing operand", v));
-        let sub = |i: usize| -> Result<Box<Expr>> { Ok(Box::new(Expr::from_json(arg(i)?, n_buffers)?)) };
+        let sub =
+            |i: usize| -> Result<Box<Expr>> { Ok(Box::new(Expr::from_json(arg(i)?, n_buffers)?)) };
         Ok(match tag {
             "int" => Expr::Int(as_i64(arg(1)?, "int literal")?),
-            "bool" => Expr::Bool(arg(1)?.as_bool().ok_or_else(|| malformed("bool literal", v))?),
+            "bool" => Expr::Bool(
+                arg(1)?
+                    .as_bool()
+                    .ok_or_else(|| malformed("bool literal", v))?,
+            ),
             "float" => Expr::Float {
-                value: arg(1)?.as_f64().ok_or_else(|| malformed("float literal", v))?,
+                value: arg(1)?
+                    .as_f64()
+                    .ok_or_else(|| malformed("float literal", v))?,
                 dtype: as_str(arg(2)?, "float dtype")?.to_string(),
             },
             "var" => Expr::Var(as_str(arg(1)?, "variable name")?.to_string()),
             "not" => Expr::Not(sub(1)?),
             "select" => Expr::Select(sub(1)?, sub(2)?, sub(3)?),
-            "cast" => Expr::Cast { dtype: as_str(arg(1)?, "cast dtype")?.to_string(), value: sub(2)? },
+            "cast" => Expr::Cast {
+                dtype: as_str(arg(1)?, "cast dtype")?.to_string(),
+                value: sub(2)?,
+            },
             "load" => {
                 let buffer = as_i64(arg(1)?, "buffer index")?;
                 if buffer < 0 || buffer as usize >= n_buffers {
                     return Err(malformed("load of an unknown buffer", v));
                 }
-                let idx = arg(2)?.as_array().ok_or_else(|| malformed("load indices", v))?;
-                let indices = idx.iter().map(|e| Expr::from_json(e, n_buffers)).collect::<Result<_>>()?;
-                Expr::Load { buffer: buffer as usize, indices }
+                let idx = arg(2)?
+                    .as_array()
+                    .ok_or_else(|| malformed("load indices", v))?;
+                let indices = idx
+                    .iter()
+                    .map(|e| Expr::from_json(e, n_buffers))
+                    .collect::<Result<_>>()?;
+                Expr::Load {
+                    buffer: buffer as usize,
+                    indices,
+                }
             }
             "call" => {
-                let list = arg(3)?.as_array().ok_or_else(|| malformed("call arguments", v))?;
+                let list = arg(3)?
+                    .as_array()
+                    .ok_or_else(|| malformed("call arguments", v))?;
                 Expr::Call {
                     name: as_str(arg(1)?, "call name")?.to_string(),
                     dtype: as_str(arg(2)?, "call dtype")?.to_string(),
-                    args: list.iter().map(|e| Expr::from_json(e, n_buffers)).collect::<Result<_>>()?,
+                    args: list
+                        .iter()
+                        .map(|e| Expr::from_json(e, n_buffers))
+                        .collect::<Result<_>>()?,
                 }
             }
             other => match BinOp::from_name(other) {
@@ -165,10 +208,19 @@ impl Expr {
             Expr::Select(c, a, b) => json!(["select", c.to_json(), a.to_json(), b.to_json()]),
             Expr::Cast { dtype, value } => json!(["cast", dtype, value.to_json()]),
             Expr::Load { buffer, indices } => {
-                json!(["load", buffer, indices.iter().map(Expr::to_json).collect::<Vec<_>>()])
+                json!([
+                    "load",
+                    buffer,
+                    indices.iter().map(Expr::to_json).collect::<Vec<_>>()
+                ])
             }
             Expr::Call { name, dtype, args } => {
-                json!(["call", name, dtype, args.iter().map(Expr::to_json).collect::<Vec<_>>()])
+                json!([
+                    "call",
+                    name,
+                    dtype,
+                    args.iter().map(Expr::to_json).collect::<Vec<_>>()
+                ])
             }
         }
     }
@@ -202,10 +254,14 @@ impl Expr {
             Expr::Bin(op, a, b) => Expr::Bin(*op, s(a), s(b)),
             Expr::Not(a) => Expr::Not(s(a)),
             Expr::Select(c, a, b) => Expr::Select(s(c), s(a), s(b)),
-            Expr::Cast { dtype, value } => Expr::Cast { dtype: dtype.clone(), value: s(value) },
-            Expr::Load { buffer, indices } => {
-                Expr::Load { buffer: *buffer, indices: indices.iter().map(|e| e.substitute(map)).collect() }
-            }
+            Expr::Cast { dtype, value } => Expr::Cast {
+                dtype: dtype.clone(),
+                value: s(value),
+            },
+            Expr::Load { buffer, indices } => Expr::Load {
+                buffer: *buffer,
+                indices: indices.iter().map(|e| e.substitute(map)).collect(),
+            },
             Expr::Call { name, dtype, args } => Expr::Call {
                 name: name.clone(),
                 dtype: dtype.clone(),
@@ -254,7 +310,10 @@ pub struct Affine {
 
 impl Affine {
     pub fn constant(c: i64) -> Self {
-        Affine { coefs: BTreeMap::new(), constant: c }
+        Affine {
+            coefs: BTreeMap::new(),
+            constant: c,
+        }
     }
 
     pub fn var(name: &str) -> Self {

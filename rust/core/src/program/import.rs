@@ -9,7 +9,8 @@ use super::*;
 use crate::error::{Error, Result};
 
 fn field<'a>(v: &'a Value, key: &str, ctx: &str) -> Result<&'a Value> {
-    v.get(key).ok_or_else(|| Error::Malformed(format!("{ctx}: missing field `{key}`")))
+    v.get(key)
+        .ok_or_else(|| Error::Malformed(format!("{ctx}: missing field `{key}`")))
 }
 
 fn str_field(v: &Value, key: &str, ctx: &str) -> Result<String> {
@@ -20,13 +21,17 @@ fn str_field(v: &Value, key: &str, ctx: &str) -> Result<String> {
 }
 
 fn array<'a>(v: &'a Value, key: &str, ctx: &str) -> Result<&'a Vec<Value>> {
-    field(v, key, ctx)?.as_array().ok_or_else(|| Error::Malformed(format!("{ctx}: field `{key}` must be an array")))
+    field(v, key, ctx)?
+        .as_array()
+        .ok_or_else(|| Error::Malformed(format!("{ctx}: field `{key}` must be an array")))
 }
 
 fn index(v: &Value, bound: usize, what: &str) -> Result<usize> {
     let i = as_i64(v, what)?;
     if i < 0 || i as usize >= bound {
-        return Err(Error::Malformed(format!("{what} {i} out of range (0..{bound})")));
+        return Err(Error::Malformed(format!(
+            "{what} {i} out of range (0..{bound})"
+        )));
     }
     Ok(i as usize)
 }
@@ -35,7 +40,9 @@ fn annotations(v: &Value, ctx: &str) -> Result<BTreeMap<String, Value>> {
     match v.get("annotations") {
         None | Some(Value::Null) => Ok(BTreeMap::new()),
         Some(Value::Object(m)) => Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-        Some(_) => Err(Error::Malformed(format!("{ctx}: annotations must be an object"))),
+        Some(_) => Err(Error::Malformed(format!(
+            "{ctx}: annotations must be an object"
+        ))),
     }
 }
 
@@ -55,7 +62,9 @@ impl Importer {
             .iter()
             .map(|r| match r.as_array().map(Vec::as_slice) {
                 Some([min, extent]) => Ok((self.expr(min)?, self.expr(extent)?)),
-                _ => Err(Error::Malformed(format!("{ctx}: a region range must be [min, extent]"))),
+                _ => Err(Error::Malformed(format!(
+                    "{ctx}: a region range must be [min, extent]"
+                ))),
             })
             .collect::<Result<_>>()?;
         Ok(Access { buffer, region })
@@ -68,7 +77,10 @@ impl Importer {
             .map(|s| {
                 Ok(Store {
                     buffer: index(field(s, "buffer", ctx)?, self.n_buffers, "buffer index")?,
-                    indices: array(s, "indices", ctx)?.iter().map(|e| self.expr(e)).collect::<Result<_>>()?,
+                    indices: array(s, "indices", ctx)?
+                        .iter()
+                        .map(|e| self.expr(e))
+                        .collect::<Result<_>>()?,
                     value: self.expr(field(s, "value", ctx)?)?,
                 })
             })
@@ -89,11 +101,14 @@ impl Importer {
                 let var = str_field(v, "var", ctx)?;
                 let lctx = format!("loop {var}");
                 let kind_name = str_field(v, "kind", &lctx)?;
-                let kind = LoopKind::from_name(&kind_name)
-                    .ok_or_else(|| Error::Unsupported(format!("{lctx}: loop kind `{kind_name}`")))?;
+                let kind = LoopKind::from_name(&kind_name).ok_or_else(|| {
+                    Error::Unsupported(format!("{lctx}: loop kind `{kind_name}`"))
+                })?;
                 let extent = as_i64(field(v, "extent", &lctx)?, "loop extent")?;
                 if extent <= 0 {
-                    return Err(Error::Malformed(format!("{lctx}: extent {extent} is not positive")));
+                    return Err(Error::Malformed(format!(
+                        "{lctx}: extent {extent} is not positive"
+                    )));
                 }
                 Ok(Node::Loop(Loop {
                     min: as_i64(field(v, "min", &lctx)?, "loop min")?,
@@ -106,14 +121,19 @@ impl Importer {
                 }))
             }
             "block" => Ok(Node::Block(self.realize(v, ctx)?)),
-            other => Err(Error::Malformed(format!("{ctx}: unknown node kind `{other}`"))),
+            other => Err(Error::Malformed(format!(
+                "{ctx}: unknown node kind `{other}`"
+            ))),
         }
     }
 
     fn realize(&self, v: &Value, ctx: &str) -> Result<BlockRealize> {
         Ok(BlockRealize {
             block: index(field(v, "block", ctx)?, self.n_blocks, "block index")?,
-            bindings: array(v, "bindings", ctx)?.iter().map(|e| self.expr(e)).collect::<Result<_>>()?,
+            bindings: array(v, "bindings", ctx)?
+                .iter()
+                .map(|e| self.expr(e))
+                .collect::<Result<_>>()?,
             predicate: self.expr(field(v, "predicate", ctx)?)?,
         })
     }
@@ -132,7 +152,9 @@ impl Importer {
                 };
                 let extent = as_i64(field(iv, "extent", &ctx)?, "iteration extent")?;
                 if extent <= 0 {
-                    return Err(Error::Malformed(format!("{ctx}: iteration extent {extent} is not positive")));
+                    return Err(Error::Malformed(format!(
+                        "{ctx}: iteration extent {extent} is not positive"
+                    )));
                 }
                 Ok(IterVar {
                     name: str_field(iv, "name", &ctx)?,
@@ -152,8 +174,14 @@ impl Importer {
         };
         Ok(Block {
             iter_vars,
-            reads: array(v, "reads", &ctx)?.iter().map(|a| self.access(a, &ctx)).collect::<Result<_>>()?,
-            writes: array(v, "writes", &ctx)?.iter().map(|a| self.access(a, &ctx)).collect::<Result<_>>()?,
+            reads: array(v, "reads", &ctx)?
+                .iter()
+                .map(|a| self.access(a, &ctx))
+                .collect::<Result<_>>()?,
+            writes: array(v, "writes", &ctx)?
+                .iter()
+                .map(|a| self.access(a, &ctx))
+                .collect::<Result<_>>()?,
             init,
             body: self.stores(field(v, "body", &ctx)?, &ctx)?,
             children,
@@ -168,7 +196,8 @@ impl Importer {
 }
 
 pub(super) fn program_from_json(text: &str) -> Result<Program> {
-    let v: Value = serde_json::from_str(text).map_err(|e| Error::Malformed(format!("program JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| Error::Malformed(format!("program JSON: {e}")))?;
     let buffers = array(&v, "buffers", "program")?
         .iter()
         .map(|b| {
@@ -184,21 +213,40 @@ pub(super) fn program_from_json(text: &str) -> Result<Program> {
                     Ok(d)
                 })
                 .collect::<Result<_>>()?;
-            Ok(Buffer { shape, dtype: str_field(b, "dtype", &ctx)?, scope: str_field(b, "scope", &ctx)?, name })
+            Ok(Buffer {
+                shape,
+                dtype: str_field(b, "dtype", &ctx)?,
+                scope: str_field(b, "scope", &ctx)?,
+                name,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let block_values = array(&v, "blocks", "program")?;
-    let imp = Importer { n_buffers: buffers.len(), n_blocks: block_values.len() };
-    let blocks = block_values.iter().map(|b| imp.block(b)).collect::<Result<Vec<_>>>()?;
+    let imp = Importer {
+        n_buffers: buffers.len(),
+        n_blocks: block_values.len(),
+    };
+    let blocks = block_values
+        .iter()
+        .map(|b| imp.block(b))
+        .collect::<Result<Vec<_>>>()?;
     let params = array(&v, "params", "program")?
         .iter()
         .map(|p| index(p, buffers.len(), "parameter buffer index"))
         .collect::<Result<_>>()?;
     let root = imp.realize(field(&v, "root", "program")?, "root")?;
     if blocks[root.block].children.is_none() {
-        return Err(Error::Malformed("the root block has no child statements".into()));
+        return Err(Error::Malformed(
+            "the root block has no child statements".into(),
+        ));
     }
-    let program = Program { name: str_field(&v, "name", "program")?, params, buffers, blocks, root };
+    let program = Program {
+        name: str_field(&v, "name", "program")?,
+        params,
+        buffers,
+        blocks,
+        root,
+    };
     validate(&program)?;
     Ok(program)
 }
@@ -220,15 +268,25 @@ fn validate(p: &Program) -> Result<()> {
         }
     }
     seen[p.root.block] += 1;
-    count(p, p.blocks[p.root.block].children.as_deref().unwrap_or(&[]), &mut seen);
+    count(
+        p,
+        p.blocks[p.root.block].children.as_deref().unwrap_or(&[]),
+        &mut seen,
+    );
     for (i, s) in seen.iter().enumerate() {
         if *s != 1 {
-            return Err(Error::Malformed(format!("block {} is placed {s} times in the loop tree", p.blocks[i].name)));
+            return Err(Error::Malformed(format!(
+                "block {} is placed {s} times in the loop tree",
+                p.blocks[i].name
+            )));
         }
     }
     for b in &p.blocks {
         if b.children.is_some() && b.name != p.blocks[p.root.block].name {
-            return Err(Error::Unsupported(format!("nested block `{}` with child statements", b.name)));
+            return Err(Error::Unsupported(format!(
+                "nested block `{}` with child statements",
+                b.name
+            )));
         }
     }
     Ok(())

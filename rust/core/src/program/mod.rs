@@ -37,7 +37,11 @@ pub fn dtype_bits(dtype: &str) -> i64 {
     if dtype == "bool" {
         return 8;
     }
-    let digits: String = dtype.chars().skip_while(|c| !c.is_ascii_digit()).take_while(|c| c.is_ascii_digit()).collect();
+    let digits: String = dtype
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     digits.parse().unwrap_or(32)
 }
 
@@ -208,7 +212,12 @@ impl Program {
 
     /// The loops enclosing `block`, outermost first, as found in the initial loop tree.
     pub fn loops_of(&self, block: usize) -> Vec<&Loop> {
-        fn walk<'a>(p: &'a Program, nodes: &'a [Node], target: usize, stack: &mut Vec<&'a Loop>) -> bool {
+        fn walk<'a>(
+            p: &'a Program,
+            nodes: &'a [Node],
+            target: usize,
+            stack: &mut Vec<&'a Loop>,
+        ) -> bool {
             for n in nodes {
                 match n {
                     Node::Loop(l) => {
@@ -244,7 +253,13 @@ impl Program {
         let written: Vec<usize> = self.blocks[block].writes.iter().map(|w| w.buffer).collect();
         self.leaf_blocks()
             .into_iter()
-            .filter(|&b| b != block && self.blocks[b].reads.iter().any(|r| written.contains(&r.buffer)))
+            .filter(|&b| {
+                b != block
+                    && self.blocks[b]
+                        .reads
+                        .iter()
+                        .any(|r| written.contains(&r.buffer))
+            })
             .collect()
     }
 
@@ -253,7 +268,13 @@ impl Program {
         let read: Vec<usize> = self.blocks[block].reads.iter().map(|r| r.buffer).collect();
         self.leaf_blocks()
             .into_iter()
-            .filter(|&b| b != block && self.blocks[b].writes.iter().any(|w| read.contains(&w.buffer)))
+            .filter(|&b| {
+                b != block
+                    && self.blocks[b]
+                        .writes
+                        .iter()
+                        .any(|w| read.contains(&w.buffer))
+            })
             .collect()
     }
 

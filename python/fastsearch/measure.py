@@ -1,0 +1,297 @@
+"""Measurement: build candidates with MetaSchedule's LocalBuilder (parallel worker processes), run
+them with its LocalRunner (``time_evaluator`` with repeats), and check outputs against a reference.
+
+A candidate that fails to build, crashes, hangs past its timeout or fails to run comes back as a
+:class:`MeasureResult` with ``error`` set; nothing raises, the search goes on. ``run_secs`` are the
+per-repeat seconds the runner returns, stored as MetaSchedule stores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tvm
+from tvm.ir import IRModule
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderInput, LocalBuilder
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
+
+from fastsearch.target import device_type, physical_cores
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "MeasureConfig",
+    "MeasureResult",
+    "Measurer",
+    "build_module",
+    "compare_outputs",
+    "plain_args_info",
+    "random_arguments",
+    "run_function",
+]
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How candidates are built and timed.
+
+    Each candidate runs ``repeat`` timed repeats (after one warm-up run); each repeat calls the
+    kernel ``number`` times, raised until the repeat lasts at least ``min_repeat_ms``.
+    ``enable_cpu_cache_flush`` flushes the CPU caches before each repeat (then keep ``number=1``
+    for cold-cache timings). ``build_workers=None`` uses one build process per physical core.
+    """
+
+    number: int = 1
+    repeat: int = 3
+    min_repeat_ms: int = 40
+    enable_cpu_cache_flush: bool = False
+    build_workers: int | None = None
+    build_timeout_s: float = 60.0
+    run_timeout_s: float = 30.0
+    cooldown_s: float = 0.0
+
+    def evaluator_config(self) -> EvaluatorConfig:
+        """The MetaSchedule :class:`EvaluatorConfig` of this configuration."""
+        return EvaluatorConfig(
+            number=self.number,
+            repeat=self.repeat,
+            min_repeat_ms=self.min_repeat_ms,
+            enable_cpu_cache_flush=self.enable_cpu_cache_flush,
+        )
+
+
+@dataclass
+class MeasureResult:
+    """Outcome of one candidate: per-repeat seconds, or the error that stopped it."""
+
+    run_secs: list[float] | None = None
+    error: str | None = None
+    artifact_path: str | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the candidate built and ran."""
+        return self.error is None and bool(self.run_secs)
+
+    @property
+    def mean_us(self) -> float | None:
+        """Mean of the repeats in microseconds (what MetaSchedule ranks by)."""
+        return statistics.fmean(self.run_secs) * 1e6 if self.ok and self.run_secs else None
+
+    @property
+    def median_us(self) -> float | None:
+        """Median of the repeats in microseconds."""
+        return statistics.median(self.run_secs) * 1e6 if self.ok and self.run_secs else None
+
+    @property
+    def min_us(self) -> float | None:
+        """Fastest repeat in microseconds."""
+        return min(self.run_secs) * 1e6 if self.ok and self.run_secs else None
+
+
+def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None = None) -> tvm.runtime.Module:
+    """Build function of the builder workers: MetaSchedule's ``default_build`` without its import
+    of ``tvm.s_tir.tensor_intrin``.
+
+    That import registers every tensor intrinsic (tens of seconds per fresh worker process, and
+    LocalBuilder starts fresh workers for every batch); intrinsics are needed where a trace is
+    applied (``tensorize``), never to build the scheduled module.
+    """
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.driver.build(mod, target=target)
+
+
+def _remove_artifact(path: str | None) -> None:
+    """Delete a build artifact and the temporary directory LocalBuilder made for it."""
+    if not path:
+        return
+    parent = os.path.dirname(path)
+    if os.path.basename(parent).startswith("tmp") and os.path.dirname(parent) == tempfile.gettempdir():
+        shutil.rmtree(parent, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+class Measurer:
+    """Builds and times candidates for one target through MetaSchedule's local builder and runner.
+
+    ``f_build`` is the builder's build function (signature of MetaSchedule's ``default_build``:
+    ``(mod, target, params) -> runtime.Module``; default :func:`build_module`, ``None`` for
+    MetaSchedule's own); it runs in the builder's worker processes. Use as a context manager, or call :meth:`close`, to stop the worker processes.
+    """
+
+    def __init__(
+        self,
+        target: tvm.target.Target,
+        config: MeasureConfig | None = None,
+        *,
+        f_build: Callable | str | None = build_module,
+    ) -> None:
+        self.target = target
+        self.config = config or MeasureConfig()
+        workers = self.config.build_workers or physical_cores()
+        self.builder = LocalBuilder(
+            max_workers=workers, timeout_sec=self.config.build_timeout_s, f_build=f_build
+        )
+        self.runner = LocalRunner(
+            timeout_sec=self.config.run_timeout_s,
+            evaluator_config=self.config.evaluator_config(),
+            cooldown_sec=self.config.cooldown_s,
+        )
+        self.device_type = device_type(target)
+        self.build_seconds = 0.0
+        self.run_seconds = 0.0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the runner's worker process."""
+        pool = getattr(self.runner, "pool", None)
+        if pool is not None:
+            with contextlib.suppress(Exception):  # the worker is already gone
+                pool.shutdown()
+
+    def measure(
+        self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]
+    ) -> list[MeasureResult]:
+        """Build all ``mods`` in parallel, then time each one that built.
+
+        ``args_info`` describes the arguments of the ``main`` function (the same for every
+        candidate of a workload). Artifacts stay on disk (``artifact_path``) until :meth:`release`.
+        """
+        if not mods:
+            return []
+        t0 = time.perf_counter()
+        try:
+            built = self.builder.build([BuilderInput(mod, self.target) for mod in mods])
+        except Exception as exc:  # noqa: BLE001  (the pool failed: the whole batch failed; search goes on)
+            built = None
+            build_error = f"LocalBuilder failed: {exc}"
+        self.build_seconds += time.perf_counter() - t0
+
+        results: list[MeasureResult] = []
+        to_run: list[int] = []
+        for i in range(len(mods)):
+            if built is None:
+                results.append(MeasureResult(error=build_error))
+                continue
+            res = built[i]
+            if res.error_msg is not None or res.artifact_path is None:
+                results.append(MeasureResult(error=str(res.error_msg or "build produced no artifact")))
+            else:
+                results.append(MeasureResult(artifact_path=str(res.artifact_path)))
+                to_run.append(i)
+
+        t0 = time.perf_counter()
+        info = list(args_info)
+        for i in to_run:
+            path = results[i].artifact_path
+            assert path is not None
+            try:
+                (future,) = self.runner.run([RunnerInput(path, self.device_type, info)])
+                run = future.result()
+                if run.error_msg is not None or run.run_secs is None:
+                    results[i].error = str(run.error_msg or "runner returned no timings")
+                else:
+                    secs = [float(s) for s in run.run_secs]
+                    if not secs or any(not np.isfinite(s) or s <= 0 for s in secs):
+                        results[i].error = f"runner returned invalid timings {secs}"
+                    else:
+                        results[i].run_secs = secs
+            except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
+                results[i].error = f"LocalRunner failed: {exc}"
+        self.run_seconds += time.perf_counter() - t0
+        return results
+
+    @staticmethod
+    def release(results: Sequence[MeasureResult]) -> None:
+        """Delete the build artifacts of ``results``."""
+        for res in results:
+            _remove_artifact(res.artifact_path)
+            res.artifact_path = None
+
+
+# -- correctness ---------------------------------------------------------------------------------
+
+
+def random_arguments(args_info: Sequence[ms.arg_info.ArgInfo], seed: int = 0) -> list[np.ndarray]:
+    """Random numpy arrays for every tensor argument (deterministic in ``seed``).
+
+    ``args_info`` is ``ms.arg_info.ArgInfo.from_prim_func(func)``. Floats are uniform in [-1, 1],
+    integers in [0, 8), so reductions stay far from overflow.
+    """
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for i, info in enumerate(args_info):
+        kind, dtype, shape = plain_args_info(info)
+        if kind != "TENSOR":
+            raise ValueError(f"argument {i} is a {kind}, not a tensor")
+        if dtype == "bool":
+            arr = rng.integers(0, 2, size=shape).astype("bool")
+        elif dtype.startswith(("int", "uint")):
+            arr = rng.integers(0, 8, size=shape).astype(dtype)
+        else:
+            arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+        arrays.append(arr)
+    return arrays
+
+
+def plain_args_info(info: ms.arg_info.ArgInfo) -> tuple[str, str, list[int]]:
+    """``(kind, dtype, shape)`` of an argument description."""
+    row = info.as_json()
+    return str(row[0]), str(row[1]), [int(d) for d in row[2]]
+
+
+def run_function(
+    rt_mod: tvm.runtime.Module, arrays: Sequence[np.ndarray], device: tvm.runtime.Device, name: str = "main"
+) -> list[np.ndarray]:
+    """Call ``name`` of a built module on copies of ``arrays``; returns every argument afterwards."""
+    args = [tvm.runtime.tensor(a, device) for a in arrays]
+    rt_mod[name](*args)
+    device.sync()
+    return [a.numpy() for a in args]
+
+
+def compare_outputs(
+    expected: Sequence[np.ndarray], actual: Sequence[np.ndarray], rtol: float = 1e-3, atol: float = 1e-4
+) -> str | None:
+    """``None`` if all arrays match (floats within tolerance, others exactly), else what differs.
+
+    The absolute tolerance is scaled by the largest magnitude of each expected array, so sums of
+    many terms reordered by a schedule still compare equal.
+    """
+    for i, (exp, act) in enumerate(zip(expected, actual)):
+        if exp.shape != act.shape:
+            return f"argument {i}: shape {act.shape} != expected {exp.shape}"
+        if np.issubdtype(exp.dtype, np.floating):
+            scale = float(np.max(np.abs(exp))) if exp.size else 0.0
+            bad = ~np.isclose(act, exp, rtol=rtol, atol=atol * max(1.0, scale), equal_nan=True)
+            if bad.any():
+                idx = tuple(int(x) for x in np.argwhere(bad)[0])
+                return (
+                    f"argument {i}: {int(bad.sum())} of {exp.size} values differ, "
+                    f"e.g. at {idx}: {act[idx]!r} != expected {exp[idx]!r}"
+                )
+        elif not np.array_equal(exp, act):
+            return f"argument {i}: values differ"
+    return None

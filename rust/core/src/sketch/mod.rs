@@ -1,0 +1,497 @@
+//! Sketch generation and random annotation for CPU, after Ansor's derivation rules.
+//!
+//! A candidate is drawn in two steps. First its structure: for every block, one of the rules
+//! that apply to it (always inline; multi-level tiling "SSRSRS" with no cache, a cache-write
+//! stage or a fused elementwise consumer, placed after tile level 0 or 1; rfactor of a
+//! reduction with little spatial parallelism; a compute location under its consumer).
+//! Then its annotation: tile sizes, the parallel and vectorize limits and the unroll depth
+//! that TVM's RewriteParallelVectorizeUnroll turns into loops. Both are emitted as one
+//! MetaSchedule trace.
+
+mod analysis;
+mod mutate;
+mod tile;
+mod trace_builder;
+
+use std::collections::{BTreeMap, HashSet};
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use analysis::{analyze, BlockInfo};
+pub use mutate::{crossover, mutate};
+pub use tile::{prime_factors, sample_perfect_tile};
+pub use trace_builder::TraceBuilder;
+
+use crate::program::{Expr, IterKind, Program};
+use crate::rng::Rng;
+
+/// What sketches need to know about a CPU target.
+#[derive(Clone, Debug)]
+pub struct CpuTarget {
+    pub num_cores: i64,
+}
+
+/// Largest innermost tile factor, as in MetaSchedule's CPU multi-level tiling.
+pub const MAX_INNERMOST_FACTOR: i64 = 64;
+/// Unroll depths the annotation draws from (`pragma_auto_unroll_max_step`).
+pub const UNROLL_CANDIDATES: [i64; 4] = [0, 16, 64, 512];
+pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
+pub const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
+
+/// The structural rule chosen for one block.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Rule {
+    Inline,
+    /// Multi-level tiling; `cache` says where results are written back.
+    Tile {
+        cache: WriteCache,
+        level: usize,
+    },
+    RFactor {
+        outer: bool,
+    },
+    ComputeAt {
+        host: usize,
+        depth: usize,
+    },
+    Root,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum WriteCache {
+    None,
+    Global,
+    FusedConsumer(usize),
+}
+
+/// Everything that decides one candidate: the rule of each block, its tile sizes and the
+/// annotations. [`emit`] turns it into a trace; mutation and crossover work on it directly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Genome {
+    pub rules: BTreeMap<usize, Rule>,
+    /// Per tiled block, the factors of each of its loops (outermost first); per rfactored
+    /// block, the two factors of its fused reduction loop.
+    pub tiles: BTreeMap<usize, Vec<Vec<i64>>>,
+    /// `meta_schedule.parallel`: the most parallel jobs the postprocessor may create.
+    pub parallel: i64,
+    /// `meta_schedule.vectorize`: the longest loop the postprocessor may vectorize.
+    pub vectorize: i64,
+    /// Index into [`UNROLL_CANDIDATES`].
+    pub unroll: usize,
+}
+
+/// The rules that apply to each block, in program order of the leaf blocks.
+#[derive(Clone, Debug)]
+pub struct SketchSpace {
+    pub infos: Vec<BlockInfo>,
+    pub inlined: HashSet<usize>,
+}
+
+impl SketchSpace {
+    pub fn new(program: &Program) -> SketchSpace {
+        let infos = analyze(program);
+        // Inline first, consumers before producers, as long as someone still reads the result.
+        let mut inlined = HashSet::new();
+        for info in infos.iter().rev() {
+            if info.inlinable
+                && infos.iter().any(|c| {
+                    c.block != info.block && c.reads.iter().any(|r| info.writes.contains(r))
+                })
+            {
+                inlined.insert(info.block);
+            }
+        }
+        SketchSpace { infos, inlined }
+    }
+
+    fn info(&self, block: usize) -> &BlockInfo {
+        self.infos
+            .iter()
+            .find(|i| i.block == block)
+            .expect("known block")
+    }
+
+    /// Consumers of `block` once inlined blocks are replaced by their own consumers.
+    pub fn consumers(&self, block: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut frontier = vec![block];
+        let mut seen = HashSet::new();
+        while let Some(b) = frontier.pop() {
+            let writes = &self.info(b).writes;
+            for c in &self.infos {
+                if c.block != b
+                    && c.reads.iter().any(|r| writes.contains(r))
+                    && seen.insert(c.block)
+                {
+                    if self.inlined.contains(&c.block) {
+                        frontier.push(c.block);
+                    } else {
+                        out.push(c.block);
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|b| self.infos.iter().position(|i| i.block == *b));
+        out
+    }
+
+    /// Draws one structure: a rule per block (blocks in program order).
+    pub fn draw_rules(
+        &self,
+        program: &Program,
+        target: &CpuTarget,
+        rng: &mut Rng,
+    ) -> BTreeMap<usize, Rule> {
+        let mut rules: BTreeMap<usize, Rule> = BTreeMap::new();
+        for b in &self.inlined {
+            rules.insert(*b, Rule::Inline);
+        }
+        // Blocks already fused into a producer's tile, or hosting nothing yet.
+        let mut fused: HashSet<usize> = HashSet::new();
+        for info in self.infos.iter().rev() {
+            if rules.contains_key(&info.block) || fused.contains(&info.block) {
+                continue;
+            }
+            let consumers = self.consumers(info.block);
+            let mut options: Vec<Rule> = Vec::new();
+            if info.simple_loops && info.reuse {
+                for level in 0..2 {
+                    options.push(Rule::Tile {
+                        cache: WriteCache::None,
+                        level,
+                    });
+                    options.push(Rule::Tile {
+                        cache: WriteCache::Global,
+                        level,
+                    });
+                    if let [c] = consumers.as_slice() {
+                        if self.fusable_consumer(program, info, *c, &rules) {
+                            options.push(Rule::Tile {
+                                cache: WriteCache::FusedConsumer(*c),
+                                level,
+                            });
+                        }
+                    }
+                }
+            } else {
+                options.push(Rule::Root);
+                let low_parallelism =
+                    info.spatial_extent < target.num_cores * 8 && info.reduce_extent >= 64;
+                if info.simple_loops
+                    && !info.spatial
+                    && low_parallelism
+                    && self.rfactor_applies(program, info)
+                {
+                    options.push(Rule::RFactor { outer: false });
+                    options.push(Rule::RFactor { outer: true });
+                }
+                if !info.output {
+                    if let Some((host, max_depth)) =
+                        self.compute_at_host(program, info, &consumers, &rules)
+                    {
+                        for depth in 0..max_depth {
+                            options.push(Rule::ComputeAt { host, depth });
+                        }
+                    }
+                }
+            }
+            let rule = rng.choose(&options).clone();
+            if let Rule::Tile {
+                cache: WriteCache::FusedConsumer(c),
+                ..
+            } = rule
+            {
+                fused.insert(c);
+            }
+            rules.insert(info.block, rule);
+        }
+        for b in fused {
+            rules.entry(b).or_insert(Rule::Root);
+        }
+        rules
+    }
+
+    /// Draws tile sizes for `block` under `rule` (none for rules without tiles).
+    pub fn draw_tiles(
+        &self,
+        program: &Program,
+        block: usize,
+        rule: &Rule,
+        rng: &mut Rng,
+    ) -> Option<Vec<Vec<i64>>> {
+        let info = self.info(block);
+        match rule {
+            Rule::Tile { .. } => Some(
+                program.blocks[block]
+                    .iter_vars
+                    .iter()
+                    .zip(&info.loop_extents)
+                    .map(|(iv, extent)| {
+                        let parts = if iv.kind == IterKind::Reduce { 2 } else { 4 };
+                        sample_perfect_tile(rng, *extent, parts, MAX_INNERMOST_FACTOR)
+                    })
+                    .collect(),
+            ),
+            Rule::RFactor { .. } => Some(vec![sample_perfect_tile(
+                rng,
+                info.reduce_extent,
+                2,
+                MAX_INNERMOST_FACTOR,
+            )]),
+            _ => None,
+        }
+    }
+
+    /// Draws a whole candidate: structure, tile sizes and annotations.
+    pub fn draw(&self, program: &Program, target: &CpuTarget, rng: &mut Rng) -> Genome {
+        let rules = self.draw_rules(program, target, rng);
+        let mut tiles = BTreeMap::new();
+        for (block, rule) in &rules {
+            if let Some(t) = self.draw_tiles(program, *block, rule, rng) {
+                tiles.insert(*block, t);
+            }
+        }
+        Genome {
+            rules,
+            tiles,
+            parallel: *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores,
+            vectorize: *rng.choose(&VECTORIZE_CANDIDATES),
+            unroll: rng.below(UNROLL_CANDIDATES.len()),
+        }
+    }
+
+    /// A consumer that can be moved under the producer's tile: spatial, at the root, reading
+    /// the producer's output at exactly its own iteration point.
+    fn fusable_consumer(
+        &self,
+        program: &Program,
+        producer: &BlockInfo,
+        c: usize,
+        rules: &BTreeMap<usize, Rule>,
+    ) -> bool {
+        let ci = self.info(c);
+        if !ci.spatial || !ci.simple_loops || rules.contains_key(&c) {
+            return false;
+        }
+        let cb = &program.blocks[c];
+        let pb = &program.blocks[producer.block];
+        let n_spatial = pb
+            .iter_vars
+            .iter()
+            .filter(|v| v.kind == IterKind::Spatial)
+            .count();
+        cb.iter_vars.len() == n_spatial
+            && cb
+                .reads
+                .iter()
+                .filter(|r| producer.writes.contains(&r.buffer))
+                .all(|r| {
+                    r.region.iter().zip(&cb.iter_vars).all(|((min, ext), v)| {
+                        matches!(min, Expr::Var(n) if *n == v.name) && ext.as_int() == Some(1)
+                    })
+                })
+            && cb.reads.iter().any(|r| producer.writes.contains(&r.buffer))
+    }
+
+    fn rfactor_applies(&self, program: &Program, info: &BlockInfo) -> bool {
+        // Spatial iteration variables first, then reductions: the loops to fuse are the tail.
+        let kinds = program.blocks[info.block].iter_kinds();
+        let n_s = kinds.chars().take_while(|c| *c == 'S').count();
+        n_s < kinds.len()
+            && kinds[n_s..].chars().all(|c| c == 'R')
+            && program.blocks[info.block].writes.len() == 1
+    }
+
+    /// Where a block can be computed: under the loops of the one block that (directly or
+    /// through blocks computed under it) consumes it, down to the loops its result depends on.
+    fn compute_at_host(
+        &self,
+        program: &Program,
+        info: &BlockInfo,
+        consumers: &[usize],
+        rules: &BTreeMap<usize, Rule>,
+    ) -> Option<(usize, usize)> {
+        let mut host = None;
+        let mut max_depth = usize::MAX;
+        for &c in consumers {
+            let (h, d) = match rules.get(&c) {
+                Some(Rule::ComputeAt { host, depth }) => (*host, depth + 1),
+                Some(Rule::Root) | None => (c, self.relevant_depth(program, info, c)),
+                _ => return None,
+            };
+            if host.is_some_and(|x| x != h) {
+                return None;
+            }
+            host = Some(h);
+            max_depth = max_depth.min(d);
+        }
+        let h = host?;
+        let hi = self.info(h);
+        if !hi.simple_loops || !matches!(rules.get(&h), Some(Rule::Root) | None) {
+            return None;
+        }
+        Some((h, max_depth.min(hi.loop_extents.len())))
+    }
+
+    /// Leading loops of `consumer` whose variables index its read of `producer`'s output.
+    fn relevant_depth(&self, program: &Program, producer: &BlockInfo, consumer: usize) -> usize {
+        let cb = &program.blocks[consumer];
+        let Some(read) = cb
+            .reads
+            .iter()
+            .find(|r| producer.writes.contains(&r.buffer))
+        else {
+            return 1;
+        };
+        let mut used = HashSet::new();
+        for (min, _) in &read.region {
+            min.visit(&mut |e| {
+                if let Expr::Var(n) = e {
+                    used.insert(n.clone());
+                }
+            });
+        }
+        cb.iter_vars
+            .iter()
+            .take_while(|v| used.contains(&v.name))
+            .count()
+    }
+}
+
+/// Emits the trace of one candidate.
+pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
+    let mut t = TraceBuilder::new();
+    let func = program.name.as_str();
+    let rules = &genome.rules;
+    let mut rv: BTreeMap<usize, String> = BTreeMap::new();
+    for info in &space.infos {
+        rv.insert(
+            info.block,
+            t.get_block(&program.blocks[info.block].name, func),
+        );
+    }
+    let root = t.get_block(&program.blocks[program.root.block].name, func);
+    for info in space.infos.iter().rev() {
+        if rules.get(&info.block) == Some(&Rule::Inline) {
+            t.compute_inline(&rv[&info.block]);
+        }
+    }
+    for info in space.infos.iter().rev() {
+        let b = &rv[&info.block];
+        let block = &program.blocks[info.block];
+        let tiles = genome.tiles.get(&info.block);
+        match (rules.get(&info.block), tiles) {
+            (Some(Rule::Tile { cache, level }), Some(tiles)) => {
+                t.annotate_str(b, "meta_schedule.tiling_structure", "SSRSRS");
+                let loops = t.get_loops(b, info.loop_extents.len());
+                let mut s_tiles: Vec<Vec<String>> = vec![Vec::new(); 4];
+                let mut r_tiles: Vec<Vec<String>> = vec![Vec::new(); 2];
+                for (lp, factors) in loops.iter().zip(tiles) {
+                    let split = t.sample_and_split(lp, factors, MAX_INNERMOST_FACTOR);
+                    let levels = if factors.len() == 2 {
+                        &mut r_tiles
+                    } else {
+                        &mut s_tiles
+                    };
+                    for (level, l) in split.into_iter().enumerate() {
+                        levels[level].push(l);
+                    }
+                }
+                let order: Vec<String> = [
+                    &s_tiles[0],
+                    &s_tiles[1],
+                    &r_tiles[0],
+                    &s_tiles[2],
+                    &r_tiles[1],
+                    &s_tiles[3],
+                ]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+                t.reorder(&order);
+                let at = s_tiles[*level].last().cloned();
+                match (cache, at) {
+                    (WriteCache::Global, Some(at)) => {
+                        let cw = t.cache_write(b, 0, "global");
+                        t.reverse_compute_at(&cw, &at);
+                    }
+                    (WriteCache::FusedConsumer(c), Some(at)) => t.reverse_compute_at(&rv[c], &at),
+                    _ => {}
+                }
+            }
+            (Some(Rule::RFactor { outer }), Some(tiles)) => {
+                let loops = t.get_loops(b, info.loop_extents.len());
+                let n_s = block
+                    .iter_vars
+                    .iter()
+                    .filter(|v| v.kind == IterKind::Spatial)
+                    .count();
+                let fused = if loops.len() - n_s > 1 {
+                    t.fuse(&loops[n_s..])
+                } else {
+                    loops[n_s].clone()
+                };
+                let split = t.sample_and_split(&fused, &tiles[0], MAX_INNERMOST_FACTOR);
+                let axis = program.buffers[block.writes[0].buffer].shape.len();
+                t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
+            }
+            (Some(Rule::ComputeAt { host, depth }), _) => {
+                let host_loops = t.get_loops(&rv[host], space.info(*host).loop_extents.len());
+                t.compute_at(b, &host_loops[*depth]);
+            }
+            _ => {}
+        }
+    }
+    t.annotate_int(&root, "meta_schedule.parallel", genome.parallel);
+    t.annotate_int(&root, "meta_schedule.vectorize", genome.vectorize);
+    t.annotate_categorical(
+        &root,
+        "meta_schedule.unroll_explicit",
+        &UNROLL_CANDIDATES,
+        genome.unroll,
+    );
+    t.finish()
+}
+
+/// Draws up to `n` distinct candidates (trace JSON strings) not in `exclude`.
+///
+/// Candidate `i` is drawn with its own generator derived from `(seed, i)` and results are kept
+/// in index order, so the answer does not depend on the number of threads.
+pub fn sample(
+    program: &Program,
+    target: &CpuTarget,
+    n: usize,
+    seed: u64,
+    exclude: &HashSet<String>,
+) -> Vec<String> {
+    let space = SketchSpace::new(program);
+    let mut out = Vec::with_capacity(n);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut next = 0u64;
+    // Structurally small spaces run out of distinct candidates: stop after a bounded search.
+    let max_draws = (n as u64).saturating_mul(20).max(256);
+    while out.len() < n && next < max_draws {
+        let batch = ((n - out.len()) as u64 * 2).clamp(16, 4096);
+        let drawn: Vec<String> = (next..next + batch)
+            .into_par_iter()
+            .map(|i| {
+                let mut rng = Rng::derive(seed, i);
+                let genome = space.draw(program, target, &mut rng);
+                emit(program, &space, &genome).to_string()
+            })
+            .collect();
+        next += batch;
+        for trace in drawn {
+            if out.len() == n {
+                break;
+            }
+            if !exclude.contains(&trace) && seen.insert(trace.clone()) {
+                out.push(trace);
+            }
+        }
+    }
+    out
+}

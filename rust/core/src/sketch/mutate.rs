@@ -1,0 +1,156 @@
+//! Mutation and crossover of candidates, for the evolutionary search.
+//!
+//! Mutations keep a candidate inside its sketch: they move a prime factor between tile levels,
+//! redraw one loop's tiling, change one annotation, or change where a tile writes back.
+
+use super::{prime_factors, sample_perfect_tile, CpuTarget, MAX_INNERMOST_FACTOR};
+use super::{
+    Genome, Rule, WriteCache, PARALLEL_JOBS_PER_CORE, UNROLL_CANDIDATES, VECTORIZE_CANDIDATES,
+};
+use crate::rng::Rng;
+
+/// Moves one prime factor of one loop's tiling to another level (innermost bound respected).
+fn move_factor(factors: &mut [i64], rng: &mut Rng) -> bool {
+    let from: Vec<usize> = (0..factors.len()).filter(|&i| factors[i] > 1).collect();
+    if from.is_empty() || factors.len() < 2 {
+        return false;
+    }
+    let src = *rng.choose(&from);
+    let primes = prime_factors(factors[src]);
+    let p = *rng.choose(&primes);
+    let mut dst = rng.below(factors.len() - 1);
+    if dst >= src {
+        dst += 1;
+    }
+    let last = factors.len() - 1;
+    if dst == last && factors[last] * p > MAX_INNERMOST_FACTOR {
+        return false;
+    }
+    factors[src] /= p;
+    factors[dst] *= p;
+    true
+}
+
+/// One random change to `genome`; the result may equal the input when no change applied.
+pub fn mutate(genome: &Genome, target: &CpuTarget, rng: &mut Rng) -> Genome {
+    let mut g = genome.clone();
+    let tiled: Vec<usize> = g.tiles.keys().copied().collect();
+    for _ in 0..8 {
+        let changed = match rng.below(10) {
+            // Tile sizes are where most of the performance is: mutate them most often.
+            0..=4 if !tiled.is_empty() => {
+                let block = *rng.choose(&tiled);
+                let loops = g.tiles.get_mut(&block).expect("tiled block");
+                let li = rng.below(loops.len());
+                if rng.chance(0.7) {
+                    move_factor(&mut loops[li], rng)
+                } else {
+                    let extent: i64 = loops[li].iter().product();
+                    let parts = loops[li].len();
+                    let fresh = sample_perfect_tile(rng, extent, parts, MAX_INNERMOST_FACTOR);
+                    let changed = fresh != loops[li];
+                    loops[li] = fresh;
+                    changed
+                }
+            }
+            5 => {
+                let jobs = *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores;
+                std::mem::replace(&mut g.parallel, jobs) != jobs
+            }
+            6 => {
+                let v = *rng.choose(&VECTORIZE_CANDIDATES);
+                std::mem::replace(&mut g.vectorize, v) != v
+            }
+            7 => {
+                let u = rng.below(UNROLL_CANDIDATES.len());
+                std::mem::replace(&mut g.unroll, u) != u
+            }
+            _ => mutate_structure(&mut g, rng),
+        };
+        if changed {
+            break;
+        }
+    }
+    g
+}
+
+/// Changes the write-back level or cache of a tile, the rfactor loop, or a compute location depth.
+fn mutate_structure(g: &mut Genome, rng: &mut Rng) -> bool {
+    let blocks: Vec<usize> = g
+        .rules
+        .iter()
+        .filter(|(_, r)| {
+            matches!(
+                r,
+                Rule::Tile { .. } | Rule::RFactor { .. } | Rule::ComputeAt { depth: 1.., .. }
+            )
+        })
+        .map(|(b, _)| *b)
+        .collect();
+    if blocks.is_empty() {
+        return false;
+    }
+    let block = *rng.choose(&blocks);
+    let rule = g.rules.get_mut(&block).expect("block with a rule");
+    match rule {
+        Rule::Tile { cache, level } => {
+            if rng.chance(0.5) || matches!(cache, WriteCache::FusedConsumer(_)) {
+                *level = 1 - *level;
+            } else {
+                *cache = if *cache == WriteCache::None {
+                    WriteCache::Global
+                } else {
+                    WriteCache::None
+                };
+            }
+        }
+        Rule::RFactor { outer } => *outer = !*outer,
+        Rule::ComputeAt { depth, .. } => *depth -= 1,
+        _ => return false,
+    }
+    true
+}
+
+/// A child taking each block's tiling from one parent or the other; `None` when the parents
+/// have different structures (their tilings would not fit each other).
+pub fn crossover(a: &Genome, b: &Genome, rng: &mut Rng) -> Option<Genome> {
+    if a.rules != b.rules {
+        return None;
+    }
+    let mut child = a.clone();
+    for (block, tiles) in child.tiles.iter_mut() {
+        if rng.chance(0.5) {
+            *tiles = b.tiles[block].clone();
+        }
+    }
+    if rng.chance(0.5) {
+        child.parallel = b.parallel;
+    }
+    if rng.chance(0.5) {
+        child.unroll = b.unroll;
+    }
+    if rng.chance(0.5) {
+        child.vectorize = b.vectorize;
+    }
+    Some(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn moving_a_factor_keeps_the_product(f in proptest::collection::vec(1i64..17, 2..5), seed in any::<u64>()) {
+            let mut rng = crate::rng::Rng::new(seed);
+            let mut factors = f.clone();
+            let last = factors.len() - 1;
+            factors[last] = factors[last].min(MAX_INNERMOST_FACTOR);
+            let before: i64 = factors.iter().product();
+            move_factor(&mut factors, &mut rng);
+            prop_assert_eq!(factors.iter().product::<i64>(), before);
+            prop_assert!(factors[last] <= MAX_INNERMOST_FACTOR);
+        }
+    }
+}
