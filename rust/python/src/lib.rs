@@ -14,6 +14,7 @@ use fastsearch_core::Error;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 create_exception!(
     _core,
@@ -132,6 +133,23 @@ fn sample_sketches(
     })
 }
 
+/// Replays each trace (MetaSchedule trace JSON, postprocessing included) on the program and
+/// extracts MetaSchedule's per-store features, 164 float32 values per stored buffer, in
+/// parallel. Returns every row in one native-endian float32 buffer and the number of rows of
+/// each candidate; `fastsearch.features` turns them into arrays without copying.
+#[pyfunction]
+fn extract_features(
+    py: Python<'_>,
+    program_json: String,
+    trace_jsons: Vec<String>,
+) -> PyResult<(Py<PyBytes>, Vec<usize>)> {
+    let (data, counts) = guarded(py, "extract_features", move || {
+        fastsearch_core::features::extract_from_json(&program_json, &trace_jsons)
+    })?;
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_ne_bytes()).collect();
+    Ok((PyBytes::new(py, &bytes).unbind(), counts))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -144,6 +162,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
     m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
+    m.add_function(wrap_pyfunction!(extract_features, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

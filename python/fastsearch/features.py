@@ -1,0 +1,52 @@
+"""MetaSchedule's per-store features (``PerStoreFeature``: 164 values per stored buffer),
+computed in Rust on fastsearch's schedule engine instead of TVM's lowered IR.
+
+Each trace is replayed by the engine (its postprocessing instructions included, as recorded
+after ``EnterPostproc``), then the features are read off the engine's state with the effect of
+TVM's pre-extraction lowering passes modelled. Candidates run in parallel with the GIL
+released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fastsearch import _core
+from fastsearch.errors import UnsupportedWorkload
+from fastsearch.loop_nest import trace_json
+from fastsearch.tir_import import main_function, program_json
+
+N_FEATURES = 164
+
+
+def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
+    """Features of each trace (JSON text) on a program model (JSON from
+    ``fastsearch.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
+    data, counts = _core.extract_features(program, list(traces))
+    flat = np.frombuffer(data, dtype=np.float32)
+    out = []
+    start = 0
+    for n in counts:
+        out.append(flat[start : start + n * N_FEATURES].reshape(n, N_FEATURES))
+        start += n * N_FEATURES
+    return out
+
+
+def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> list[np.ndarray]:
+    """Features of each ``tvm.s_tir.Trace`` (or its JSON) applied to ``mod`` (a PrimFunc or an
+    IRModule holding one), in the row order of MetaSchedule's ``PerStoreFeature``.
+
+    ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
+    a GPU target is refused."""
+    if target is not None:
+        import tvm
+
+        t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        if "gpu" in [str(k) for k in t.keys]:
+            raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
+    _, func = main_function(mod)
+    texts = [t if isinstance(t, str) else trace_json(t) for t in traces]
+    return extract_features_json(program_json(func), texts)
