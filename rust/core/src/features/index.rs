@@ -139,6 +139,14 @@ impl Sum {
     }
 }
 
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
     Expr::Bin(op, Box::new(a), Box::new(b))
 }
@@ -282,9 +290,44 @@ impl Canon<'_> {
         out
     }
 
+    /// Writes `a` as `g * q + r` with `g` dividing `k` and `r` provably in `[0, g)`, for the
+    /// largest such `g > 1` (then `a // k == q // (k / g)` and `a % k == (q % (k / g)) * g + r`).
+    fn factor_out(&self, a: &Sum, k: i64) -> Option<(i64, Sum, Sum)> {
+        let mut gs: Vec<i64> = a.terms.iter().map(|t| gcd(k, t.scale.abs())).collect();
+        gs.push(k);
+        gs.sort_unstable_by(|x, y| y.cmp(x));
+        gs.dedup();
+        for g in gs.into_iter().filter(|&g| g > 1) {
+            let mut q = Sum::constant(a.base.div_euclid(g));
+            let mut r = Sum::constant(a.base.rem_euclid(g));
+            for t in &a.terms {
+                if t.scale % g == 0 {
+                    q.push(Split {
+                        scale: t.scale / g,
+                        ..t.clone()
+                    });
+                } else {
+                    r.push(t.clone());
+                }
+            }
+            let (lo, hi) = self.bounds(&r);
+            if lo >= 0 && hi < g {
+                return Some((g, q, r));
+            }
+        }
+        None
+    }
+
     fn div(&self, a: &Sum, k: i64) -> Sum {
         if k == 1 {
             return a.clone();
+        }
+        if let Some((g, q, _)) = self.factor_out(a, k) {
+            return if g == k {
+                self.tidy(q)
+            } else {
+                self.div(&q, k / g)
+            };
         }
         let mut divisible = Sum::constant(a.base.div_euclid(k));
         let mut rest = Sum::constant(a.base.rem_euclid(k));
@@ -334,6 +377,13 @@ impl Canon<'_> {
     fn modulo(&self, a: &Sum, k: i64) -> Sum {
         if k == 1 {
             return Sum::constant(0);
+        }
+        if let Some((g, q, r)) = self.factor_out(a, k) {
+            return if g == k {
+                self.tidy(r)
+            } else {
+                self.tidy(self.modulo(&q, k / g).scale(g).add(&r, 1))
+            };
         }
         let mut rest = Sum::constant(a.base.rem_euclid(k));
         for t in &a.terms {

@@ -193,7 +193,9 @@ impl<'a> Replayer<'a> {
     /// A literal or the integer value of a random variable.
     fn value(&self, k: &str, v: &Value) -> Result<Lit> {
         Ok(match v {
+            // TVM's `Trace.as_json()` writes a `None` input as the string "None".
             Value::Null => Lit::Null,
+            Value::String(s) if s == "None" => Lit::Null,
             Value::Bool(b) => Lit::Int(*b as i64),
             Value::Number(n) => match n.as_i64() {
                 Some(i) => Lit::Int(i),
