@@ -502,6 +502,41 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
                 if let Some(d) = decided {
                     return Expr::Bool(d);
                 }
+                // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
+                let div_of = |s: &Sum| match s.terms.as_slice() {
+                    [t] if s.base == 0 && t.scale == 1 && t.upper.is_none() && t.lower > 1 => {
+                        Some(Sum {
+                            terms: vec![super::index::Split {
+                                lower: 1,
+                                ..t.clone()
+                            }],
+                            base: 0,
+                        })
+                        .zip(Some(t.lower))
+                    }
+                    _ => None,
+                };
+                match op {
+                    BinOp::Le if x.is_constant() => {
+                        if let Some((inner, k)) = div_of(&y) {
+                            return Expr::Bin(
+                                *op,
+                                Box::new(Expr::Int(x.base * k)),
+                                Box::new(inner.to_expr()),
+                            );
+                        }
+                    }
+                    BinOp::Lt if y.is_constant() => {
+                        if let Some((inner, k)) = div_of(&x) {
+                            return Expr::Bin(
+                                *op,
+                                Box::new(inner.to_expr()),
+                                Box::new(Expr::Int(y.base * k)),
+                            );
+                        }
+                    }
+                    _ => {}
+                }
                 return Expr::Bin(*op, Box::new(x.to_expr()), Box::new(y.to_expr()));
             }
             e.clone()
@@ -549,6 +584,29 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
                     Expr::Bool(false) => return args[2].clone(),
                     _ => {}
                 }
+                // if_then_else(a, if_then_else(b, x, y), y) is if_then_else(a and b, x, y).
+                if let Expr::Call {
+                    name: inner,
+                    args: inner_args,
+                    ..
+                } = &args[1]
+                {
+                    if inner == name && inner_args.len() == 3 && inner_args[2] == args[2] {
+                        return Expr::Call {
+                            name: name.clone(),
+                            dtype: dtype.clone(),
+                            args: vec![
+                                Expr::Bin(
+                                    BinOp::And,
+                                    Box::new(args[0].clone()),
+                                    Box::new(inner_args[0].clone()),
+                                ),
+                                inner_args[1].clone(),
+                                args[2].clone(),
+                            ],
+                        };
+                    }
+                }
             }
             Expr::Call {
                 name: name.clone(),
@@ -557,5 +615,99 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
             }
         }
         _ => e.clone(),
+    }
+}
+
+/// Infix text of an expression, loads as `buffer[i, j]` (for inspecting the lowered form).
+pub fn show(e: &Expr, names: &impl Fn(usize) -> String) -> String {
+    match e {
+        Expr::Int(i) => i.to_string(),
+        Expr::Bool(b) => b.to_string(),
+        Expr::Float { value, .. } => format!("{value:?}"),
+        Expr::Var(v) => v.clone(),
+        Expr::Bin(op, a, b) => {
+            let sym = match op {
+                BinOp::Add => "+",
+                BinOp::Sub => "-",
+                BinOp::Mul => "*",
+                BinOp::Div => "/",
+                BinOp::Mod => "%%",
+                BinOp::FloorDiv => "//",
+                BinOp::FloorMod => "%",
+                BinOp::Eq => "==",
+                BinOp::Ne => "!=",
+                BinOp::Lt => "<",
+                BinOp::Le => "<=",
+                BinOp::Gt => ">",
+                BinOp::Ge => ">=",
+                BinOp::And => "and",
+                BinOp::Or => "or",
+                BinOp::Min => return format!("min({}, {})", show(a, names), show(b, names)),
+                BinOp::Max => return format!("max({}, {})", show(a, names), show(b, names)),
+            };
+            format!("({} {sym} {})", show(a, names), show(b, names))
+        }
+        Expr::Not(a) => format!("not {}", show(a, names)),
+        Expr::Select(c, a, b) => format!(
+            "select({}, {}, {})",
+            show(c, names),
+            show(a, names),
+            show(b, names)
+        ),
+        Expr::Cast { dtype, value } => format!("{dtype}({})", show(value, names)),
+        Expr::Load { buffer, indices } => format!(
+            "{}[{}]",
+            names(*buffer),
+            indices
+                .iter()
+                .map(|i| show(i, names))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Expr::Call { name, args, .. } => format!(
+            "{name}({})",
+            args.iter()
+                .map(|i| show(i, names))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+impl Lowered {
+    /// The lowered program as text: each store under its loops (allocations listed first).
+    pub fn text(&self, st: &State) -> String {
+        let names = |b: usize| st.buffers[b].name.clone();
+        let mut out = String::new();
+        for a in &self.allocs {
+            out.push_str(&format!(
+                "alloc {} {:?} under {:?}\n",
+                names(a.buffer),
+                self.shapes[a.buffer],
+                a.loops
+            ));
+        }
+        for s in &self.stores {
+            let loops: Vec<String> = s
+                .loops
+                .iter()
+                .map(|&l| {
+                    let lp = &self.loops[l];
+                    format!("{}:{}:{}", lp.var, lp.extent, lp.kind.name())
+                })
+                .collect();
+            out.push_str(&format!(
+                "[{}]\n  {}[{}] = {}\n",
+                loops.join(" "),
+                names(s.buffer),
+                s.indices
+                    .iter()
+                    .map(|i| show(i, &names))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                show(&s.value, &names)
+            ));
+        }
+        out
     }
 }
