@@ -21,6 +21,70 @@ from fastsearch.tir_import import main_function, program_json
 
 N_FEATURES = 164
 
+# The name of each column, in PerStoreFeature's order.
+FEATURE_NAMES = (
+    [
+        "float_mad",
+        "float_add_sub",
+        "float_mul",
+        "float_div_mod",
+        "float_cmp",
+        "float_math_func",
+        "float_other_func",
+        "int_mad",
+        "int_add_sub",
+        "int_mul",
+        "int_div_mod",
+        "int_cmp",
+        "int_math_func",
+        "int_other_func",
+        "bool_op",
+        "select_op",
+    ]
+    + [
+        f"{kind}.{f}"
+        for kind in ("vectorize", "unroll", "parallel")
+        for f in ("num", "prod", "len", *(f"pos{i}" for i in range(8)))
+    ]
+    + [
+        "is_gpu",
+        "blockIdx.x",
+        "blockIdx.y",
+        "blockIdx.z",
+        "threadIdx.x",
+        "threadIdx.y",
+        "threadIdx.z",
+        "vthread",
+    ]
+    + [
+        f"buffer{i}.{f}"
+        for i in range(5)
+        for f in (
+            "read",
+            "write",
+            "read_write",
+            "bytes",
+            "unique_bytes",
+            "lines",
+            "unique_lines",
+            "reuse_loop",
+            "reuse_serial",
+            "reuse_none",
+            "reuse_dis_iter",
+            "reuse_dis_bytes",
+            "reuse_ct",
+            "bytes_d_reuse_ct",
+            "unique_bytes_d_reuse_ct",
+            "lines_d_reuse_ct",
+            "unique_lines_d_reuse_ct",
+            "stride",
+        )
+    ]
+    + [f"arith_intensity_curve{i}" for i in range(10)]
+    + ["alloc_size", "alloc_prod", "alloc_outer_prod", "alloc_inner_prod"]
+    + ["outer_prod", "num_loops", "auto_unroll_max_step"]
+)
+
 
 def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
     """Features of each trace (JSON text) on a program model (JSON from

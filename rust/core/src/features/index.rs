@@ -70,7 +70,38 @@ impl Sum {
             });
         }
         out.base += sign * other.base;
+        out.merge_splits();
         out
+    }
+
+    /// `(x % u) // l * s + (x % l) // m * t` with `s == t * (l / m)` is `(x % u) // m * t`:
+    /// the simplifier folds a split loop's parts back together.
+    fn merge_splits(&mut self) {
+        'again: loop {
+            for i in 0..self.terms.len() {
+                for j in 0..self.terms.len() {
+                    let (hi, lo) = (&self.terms[i], &self.terms[j]);
+                    if i == j || hi.index != lo.index || lo.upper != Some(hi.lower) {
+                        continue;
+                    }
+                    if hi.lower % lo.lower != 0 || hi.scale != lo.scale * (hi.lower / lo.lower) {
+                        continue;
+                    }
+                    let merged = Split {
+                        index: hi.index.clone(),
+                        lower: lo.lower,
+                        upper: hi.upper,
+                        scale: lo.scale,
+                    };
+                    let (a, b) = (i.max(j), i.min(j));
+                    self.terms.remove(a);
+                    self.terms.remove(b);
+                    self.push(merged);
+                    continue 'again;
+                }
+            }
+            return;
+        }
     }
 
     pub fn scale(&self, k: i64) -> Sum {
@@ -287,6 +318,7 @@ impl Canon<'_> {
             }
             out.push(t);
         }
+        out.merge_splits();
         out
     }
 
