@@ -11,7 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from fastsearch.features import FEATURE_NAMES, N_FEATURES, extract_features, extract_features_json
+from fastsearch.features import (
+    FEATURE_NAMES,
+    N_FEATURES,
+    design_space_candidates,
+    extract_features,
+    extract_features_json,
+)
 from fastsearch.loop_nest import trace_json
 from fastsearch.sample import sample_candidates
 from fastsearch.tir_import import program_json
@@ -39,29 +45,8 @@ def tune_context(func: tvm.tirx.PrimFunc) -> ms.TuneContext:
     )
 
 
-def space_candidates(func: tvm.tirx.PrimFunc, ctx: ms.TuneContext, n: int) -> list[tvm.s_tir.Schedule]:
-    """MetaSchedule's design spaces, decisions drawn by seeded schedules, then TVM's llvm
-    postprocessors; deterministic for a given function."""
-    mod = tvm.IRModule({"main": func})
-    spaces = ctx.generate_design_space()
-    postprocs = ms.postproc.Postproc.create("llvm")
-    for p in postprocs:
-        p._initialize_with_tune_context(ctx)
-    out: list[tvm.s_tir.Schedule] = []
-    seed = 1
-    while len(out) < n and seed <= 4 * n:
-        space = spaces[seed % len(spaces)]
-        sch = tvm.s_tir.Schedule(mod, seed=seed)
-        seed += 1
-        try:
-            tvm.s_tir.Trace(list(space.trace.insts), {}).apply_to_schedule(sch, remove_postproc=True)
-            sch.enter_postproc()
-            if not all(p.apply(sch) for p in postprocs):
-                continue
-        except tvm.TVMError:
-            continue
-        out.append(sch)
-    return out
+def space_candidates(func: tvm.tirx.PrimFunc, n: int) -> list[tvm.s_tir.Schedule]:
+    return design_space_candidates(func, target(), n)
 
 
 def tvm_features(ctx: ms.TuneContext, func: tvm.tirx.PrimFunc, schs: list) -> list[np.ndarray]:
@@ -99,7 +84,7 @@ def compare(family: str, kind: str, func, schs) -> list[str]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_per_store_feature_on_design_spaces(family: str) -> None:
     func = te_workload.create_te_workload(family, 0)
-    schs = space_candidates(func, tune_context(func), SPACE_CANDIDATES)
+    schs = space_candidates(func, SPACE_CANDIDATES)
     assert len(schs) >= SPACE_CANDIDATES // 2
     failures = compare(family, "design space", func, schs)
     assert not failures, "\n".join(failures)
@@ -116,7 +101,7 @@ def test_matches_per_store_feature_on_sketches(family: str) -> None:
 
 def test_trace_objects_and_json_agree() -> None:
     func = te_workload.create_te_workload("GMM", 0)
-    schs = space_candidates(func, tune_context(func), 4)
+    schs = space_candidates(func, 4)
     from_objects = extract_features(func, [s.trace for s in schs], target())
     from_json = extract_features_json(program_json(func), [trace_json(s.trace) for s in schs])
     for a, b in zip(from_objects, from_json):

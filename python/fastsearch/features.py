@@ -114,3 +114,34 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     _, func = main_function(mod)
     texts = [t if isinstance(t, str) else trace_json(t) for t in traces]
     return extract_features_json(program_json(func), texts)
+
+
+def design_space_candidates(func: Any, target: Any, n: int) -> list[Any]:
+    """Up to ``n`` candidates from MetaSchedule's own design spaces for ``func`` (a PrimFunc):
+    each space's trace replayed without its decisions on a schedule seeded 1, 2, ..., then
+    MetaSchedule's postprocessors for the target. Deterministic for a given function."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = tvm.IRModule({"main": func})
+    kind = "cuda" if str(target.kind.name) == "cuda" else "llvm"
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", num_threads=1)
+    spaces = ctx.generate_design_space()
+    postprocs = ms.postproc.Postproc.create(kind)
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+    out: list[Any] = []
+    seed = 1
+    while len(out) < n and seed <= 4 * n:
+        space = spaces[seed % len(spaces)]
+        sch = tvm.s_tir.Schedule(mod, seed=seed)
+        seed += 1
+        try:
+            tvm.s_tir.Trace(list(space.trace.insts), {}).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if not all(p.apply(sch) for p in postprocs):
+                continue
+        except tvm.TVMError:
+            continue
+        out.append(sch)
+    return out

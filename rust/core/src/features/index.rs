@@ -170,7 +170,7 @@ impl Sum {
     }
 }
 
-fn gcd(a: i64, b: i64) -> i64 {
+pub fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 {
         a
     } else {

@@ -349,13 +349,18 @@ pub fn lower(st: &State) -> Result<Lowered> {
                 region[d] = Some(match region[d].take() {
                     None => r,
                     Some(prev) => {
-                        if prev.outer != r.outer {
+                        // Regions over the same outer part (up to a constant) unite.
+                        let diff = r.outer.add(&prev.outer, -1);
+                        let shift = if diff.is_constant() {
+                            diff.base
+                        } else {
                             compactable[d] = false;
-                        }
+                            0
+                        };
                         DimRegion {
                             outer: prev.outer,
-                            lo: prev.lo.min(r.lo),
-                            hi: prev.hi.max(r.hi),
+                            lo: prev.lo.min(r.lo + shift),
+                            hi: prev.hi.max(r.hi + shift),
                         }
                     }
                 });
@@ -501,6 +506,40 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
                 };
                 if let Some(d) = decided {
                     return Expr::Bool(d);
+                }
+                // `c <= g * x` and `g * x < c` (g the gcd of the scales) read
+                // `(c - 1) // g < x` and `x < (c - 1) // g + 1`.
+                let factor = |s: &Sum| -> Option<(i64, Sum)> {
+                    let g = s
+                        .terms
+                        .iter()
+                        .fold(0, |g, t| super::index::gcd(g, t.scale.abs()));
+                    (g > 1 && s.base == 0 && !s.terms.is_empty()).then(|| {
+                        let mut q = s.clone();
+                        q.terms.iter_mut().for_each(|t| t.scale /= g);
+                        (g, q)
+                    })
+                };
+                match op {
+                    BinOp::Le if x.is_constant() => {
+                        if let Some((g, q)) = factor(&y) {
+                            return Expr::Bin(
+                                BinOp::Lt,
+                                Box::new(Expr::Int((x.base - 1).div_euclid(g))),
+                                Box::new(q.to_expr()),
+                            );
+                        }
+                    }
+                    BinOp::Lt if y.is_constant() => {
+                        if let Some((g, q)) = factor(&x) {
+                            return Expr::Bin(
+                                BinOp::Lt,
+                                Box::new(q.to_expr()),
+                                Box::new(Expr::Int((y.base - 1).div_euclid(g) + 1)),
+                            );
+                        }
+                    }
+                    _ => {}
                 }
                 // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
                 let div_of = |s: &Sum| match s.terms.as_slice() {
