@@ -451,7 +451,10 @@ pub fn analyze<'a>(
                 (s.unique_bytes / cache_line.min(s.num_continuous_bytes) as f64).max(1.0);
         }
     }
-    // Step 5: most lines first, then most bytes, then by name.
+    // Step 5: most lines first, then most bytes, then by name. TVM sorts the buffers in the
+    // iteration order of its hash map, which for a handful of buffers is the reverse of
+    // insertion, with a sort that is stable at that size: ties keep that order.
+    subs.reverse();
     subs.sort_by(|a, b| {
         b.lines
             .partial_cmp(&a.lines)
