@@ -380,8 +380,7 @@ pub fn analyze<'a>(
         s.innermost_stride = if i == n as i64 - 1 { stride } else { 0 };
         s.prod_non_strided = nest.loops[((i + 1) as usize)..]
             .iter()
-            .map(|l| l.extent)
-            .product();
+            .fold(1i64, |p, l| p.saturating_mul(l.extent));
     }
     // Step 3: reuse.
     let top_loop_touch_bytes: i64 = if n > 0 {
@@ -395,7 +394,11 @@ pub fn analyze<'a>(
             .get(&loop_id)
             .map(|m| {
                 m.iter()
-                    .map(|(b, v)| (v.iter().sum::<i64>() * info(*b).bytes) as f64)
+                    .map(|(b, v)| {
+                        v.iter()
+                            .fold(0i64, |a, &x| a.saturating_add(x))
+                            .saturating_mul(info(*b).bytes) as f64
+                    })
                     .sum()
             })
             .unwrap_or(0.0)

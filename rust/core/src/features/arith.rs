@@ -134,7 +134,7 @@ fn export_kind(nest: &LoopNest, kind: LoopKind, v: &mut Vec<f64>) {
         None => (0.0, 0.0, 0.0, 0),
         Some(&last) => (
             ext.len() as f64,
-            ext.iter().product::<i64>() as f64,
+            ext.iter().map(|&e| e as f64).product::<f64>(),
             last as f64,
             7,
         ),

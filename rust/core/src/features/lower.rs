@@ -393,10 +393,12 @@ pub fn lower(st: &State) -> Result<Lowered> {
     for (i, s) in raw.into_iter().enumerate() {
         let mut k = 0;
         let value = rewrite_loads(&s.value, &mut |buf| {
-            let (b, idx) = &loads[i][k];
+            let out = match loads[i].get(k) {
+                Some((b, idx)) if *b == buf => Some(shift(*b, idx)),
+                _ => None,
+            };
             k += 1;
-            debug_assert_eq!(*b, buf);
-            shift(*b, idx)
+            out
         });
         let value = normalize_int_operands(&canon, &value);
         stores.push(LStore {
@@ -416,12 +418,13 @@ pub fn lower(st: &State) -> Result<Lowered> {
     })
 }
 
-/// Rebuilds `e` with each load's indices (in visit order) replaced by `f(buffer)`.
-fn rewrite_loads(e: &Expr, f: &mut impl FnMut(usize) -> Vec<Expr>) -> Expr {
+/// Rebuilds `e` with each load's indices (in visit order) replaced by `f(buffer)` where it
+/// gives them.
+fn rewrite_loads(e: &Expr, f: &mut impl FnMut(usize) -> Option<Vec<Expr>>) -> Expr {
     match e {
         Expr::Load { buffer, indices } => {
             // Visit order: the load itself first (parents first), matching `Expr::visit`.
-            let new = f(*buffer);
+            let new = f(*buffer).unwrap_or_else(|| indices.clone());
             // Loads nested inside indices were visited after their parent.
             for i in indices {
                 rewrite_loads(i, f);

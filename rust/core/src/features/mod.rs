@@ -71,11 +71,11 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
         name: &st.buffers[b].name,
     };
     let allocation = |b: usize| -> Option<alloc::Allocation> {
-        let numel = |shape: &[i64]| shape.iter().product::<i64>();
+        let numel = |shape: &[i64]| shape.iter().fold(1i64, |a, &d| a.saturating_mul(d));
         if st.is_param(b) {
             let n = numel(&st.buffers[b].shape);
             return Some(alloc::Allocation {
-                bytes: n * bytes[b],
+                bytes: n.saturating_mul(bytes[b]),
                 numel: n,
                 outer_prod: 1,
             });
@@ -83,9 +83,12 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
         low.allocs.iter().find(|a| a.buffer == b).map(|a| {
             let n = numel(&low.shapes[b]);
             alloc::Allocation {
-                bytes: n * bytes[b],
+                bytes: n.saturating_mul(bytes[b]),
                 numel: n,
-                outer_prod: a.loops.iter().map(|&l| low.loops[l].extent).product(),
+                outer_prod: a
+                    .loops
+                    .iter()
+                    .fold(1i64, |p, &l| p.saturating_mul(low.loops[l].extent)),
             }
         })
     };
@@ -99,7 +102,10 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
         let nest = LoopNest {
             loops: s.loops.iter().map(|&l| low.loops[l].clone()).collect(),
             ids: s.loops.clone(),
-            prod: s.loops.iter().map(|&l| low.loops[l].extent).product(),
+            prod: s
+                .loops
+                .iter()
+                .fold(1i64, |p, &l| p.saturating_mul(low.loops[l].extent)),
             is_gpu: false,
         };
         let mut v = Vec::with_capacity(N_FEATURES);
@@ -173,4 +179,77 @@ pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f
         data.extend(rows);
     }
     Ok((data, counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn fixture() -> Vec<(Program, Vec<String>)> {
+        let path = format!(
+            "{}/tests/fixtures/features_candidates.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        v.as_object()
+            .unwrap()
+            .values()
+            .map(|c| {
+                let p = Program::from_json(&c["program"].to_string()).unwrap();
+                let t = c["traces"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_str().unwrap().to_string())
+                    .collect();
+                (p, t)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slog_is_log2_of_magnitude_plus_one() {
+        assert_eq!(slog(0.0), 0.0);
+        assert_eq!(slog(1.0), 1.0);
+        assert_eq!(slog(-3.0), 2.0);
+    }
+
+    #[test]
+    fn every_candidate_gives_full_finite_rows() {
+        for (program, traces) in fixture() {
+            for rows in extract_traces(&program, &traces) {
+                let rows = rows.unwrap();
+                assert!(!rows.is_empty());
+                assert_eq!(rows.len() % N_FEATURES, 0);
+                assert!(rows.iter().all(|x| x.is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn same_rows_on_any_thread_count() {
+        for (program, traces) in fixture() {
+            let run = |n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap()
+                    .install(|| extract_traces(&program, &traces))
+            };
+            assert_eq!(run(1), run(3));
+        }
+    }
+
+    #[test]
+    fn malformed_traces_are_errors() {
+        let (program, _) = fixture().remove(0);
+        let bad = vec![
+            "[".to_string(),
+            "[[[\"Split\", [\"l9\"], [], []]], []]".to_string(),
+        ];
+        for r in extract_traces(&program, &bad) {
+            assert!(r.is_err());
+        }
+    }
 }
