@@ -17,6 +17,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
+from tvm.sym import Analyzer as _Analyzer
 from tvm.tirx import expr as _E
 
 from fastsearch import _core
@@ -47,6 +48,14 @@ def _annotations(anns: Any) -> dict[str, Any]:
     return {str(k): _value(v) for k, v in anns.items()}
 
 
+def _extent(e: Any) -> Any:
+    """A loop extent as an int; TVM may leave a constant expression unfolded."""
+    if isinstance(e, _E.IntImm):
+        return int(e.value)
+    folded = _Analyzer().simplify(e)
+    return int(folded.value) if isinstance(folded, _E.IntImm) else str(folded)
+
+
 def _nodes(stmt: Any) -> list[dict[str, Any]]:
     if isinstance(stmt, tirx.SeqStmt):
         out: list[dict[str, Any]] = []
@@ -57,7 +66,7 @@ def _nodes(stmt: Any) -> list[dict[str, Any]]:
         return [
             {
                 "loop": {
-                    "extent": int(stmt.extent),
+                    "extent": _extent(stmt.extent),
                     "kind": _FOR_KIND.get(int(stmt.kind), str(stmt.kind)),
                     "thread": None if stmt.thread_binding is None else str(stmt.thread_binding.thread_tag),
                     "annotations": _annotations(stmt.annotations),

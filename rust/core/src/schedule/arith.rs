@@ -261,6 +261,9 @@ pub struct SymInterval {
     pub base: Lin,
     pub lo: i64,
     pub hi: i64,
+    /// False when an atom mixes outer and relaxed variables in a way TVM bounds symbolically
+    /// (its extent then depends on outer loops); `lo..hi` is then only a constant cover.
+    pub exact: bool,
 }
 
 /// Relaxes `e` over the variables in `relaxed` (ranges `[0, extent)`), keeping the others
@@ -269,19 +272,102 @@ pub fn relax(e: &Expr, relaxed: &Ranges, all: &Ranges) -> Option<SymInterval> {
     let l = linear(e, all)?;
     let mut base = Lin::constant(l.constant);
     let (mut lo, mut hi) = (0i64, 0i64);
+    let mut exact = true;
     for (k, (atom, c)) in &l.terms {
         let vars = vars_of(atom);
         if vars.iter().all(|v| !relaxed.contains_key(v)) {
             base.terms.insert(k.clone(), (atom.clone(), *c));
             continue;
         }
+        if let Some((part, a, b)) = relax_div(atom, relaxed, all) {
+            base = base.add(&part.scale(*c), 1);
+            let (x, y) = (a * c, b * c);
+            lo += x.min(y);
+            hi += x.max(y);
+            continue;
+        }
         // An atom over relaxed variables (or mixing both kinds: then over its whole range).
+        if vars.iter().any(|v| !relaxed.contains_key(v)) {
+            exact = false;
+        }
         let (a, b) = atom_bounds(atom, all)?;
         let (x, y) = (a * c, b * c);
         lo += x.min(y);
         hi += x.max(y);
     }
-    Some(SymInterval { base, lo, hi })
+    Some(SymInterval {
+        base,
+        lo,
+        hi,
+        exact,
+    })
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a.abs()
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Relaxes `floordiv(A, k)` / `floormod(A, k)` where `A = g * S + R`, `S` symbolic, `g | k` and
+/// `R` relaxed, using `floordiv(g * S + R, g * q) == floordiv(S + floordiv(R, g), q)`. Exact
+/// (`Some`) when `floordiv(R, g)` is a single point or `q == 1`: otherwise TVM's bound depends on
+/// the outer loops too (a dynamic extent).
+fn relax_div(atom: &Expr, relaxed: &Ranges, all: &Ranges) -> Option<(Lin, i64, i64)> {
+    let (op, a, k) = match atom {
+        Expr::Bin(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, b) => (*op, a, b.as_int()?),
+        _ => return None,
+    };
+    let inner = relax(a, relaxed, all)?;
+    if !inner.exact || inner.base.is_constant() || k <= 0 || inner.lo < 0 {
+        return None;
+    }
+    let g = inner
+        .base
+        .terms
+        .values()
+        .fold(gcd(inner.base.constant, k), |acc, (_, c)| gcd(acc, *c));
+    if g <= 0 {
+        return None;
+    }
+    let scaled = Lin {
+        terms: inner
+            .base
+            .terms
+            .iter()
+            .map(|(key, (e, c))| (key.clone(), (e.clone(), c / g)))
+            .collect(),
+        constant: inner.base.constant / g,
+    };
+    let q = k / g;
+    let (a0, a1) = (inner.lo.div_euclid(g), inner.hi.div_euclid(g));
+    match op {
+        BinOp::FloorDiv if q == 1 => Some((scaled, a0, a1)),
+        BinOp::FloorDiv if a0 == a1 => {
+            let e = Expr::Bin(
+                BinOp::FloorDiv,
+                Box::new(scaled.add(&Lin::constant(a0), 1).to_expr()),
+                Box::new(Expr::Int(q)),
+            );
+            Some((linear(&e, all)?, 0, 0))
+        }
+        BinOp::FloorMod if a0 == a1 => {
+            let sym = if q == 1 {
+                Lin::constant(0)
+            } else {
+                let e = Expr::Bin(
+                    BinOp::FloorMod,
+                    Box::new(scaled.add(&Lin::constant(a0), 1).to_expr()),
+                    Box::new(Expr::Int(q)),
+                );
+                linear(&e, all)?.scale(g)
+            };
+            Some((sym, inner.lo - g * a0, inner.hi - g * a0))
+        }
+        _ => None,
+    }
 }
 
 #[cfg(test)]

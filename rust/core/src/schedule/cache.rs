@@ -1,6 +1,6 @@
 //! cache_read and cache_write: a copy stage between a block and a new buffer in another scope.
 
-use super::arith::{self, Ranges};
+use super::arith::{self, Lin, Ranges};
 use super::state::{BlockId, Child, LoopId, State};
 use crate::error::{Error, Result};
 use crate::program::{Access, Block, Buffer, Expr, IterKind, IterVar, Store};
@@ -57,8 +57,15 @@ fn retarget(block: &mut Block, from: usize, to: usize, reads: bool, writes: bool
     }
 }
 
-/// The constant region an access covers over all the loops of its block.
-fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Vec<(i64, i64)>> {
+/// The region an access covers over the loops of its block below `under` (all loops when
+/// `None`): per dimension a symbolic start (in the outer loops), an offset and an extent.
+fn relaxed_region(
+    st: &State,
+    inst: &str,
+    b: BlockId,
+    acc: &Access,
+    under: Option<LoopId>,
+) -> Result<Vec<(Lin, i64, i64)>> {
     let sb = &st.blocks[b];
     let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
     let map = |v: &str| {
@@ -68,61 +75,58 @@ fn relaxed_region(st: &State, inst: &str, b: BlockId, acc: &Access) -> Result<Ve
             .map(|i| sb.bindings[i].clone())
     };
     let all = st.ranges();
-    let relaxed: Ranges = st
-        .loops_of(b)
+    let loops = st.loops_of(b);
+    let start = under
+        .and_then(|u| loops.iter().position(|&l| l == u))
+        .map(|i| i + 1)
+        .unwrap_or(0);
+    let relaxed: Ranges = loops[start..]
         .iter()
         .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
         .collect();
+    let shape = st.buffers[acc.buffer].shape.clone();
+    let predicated = sb.predicate != Expr::Bool(true);
     acc.region
         .iter()
-        .map(|(min, ext)| {
+        .enumerate()
+        .map(|(d, (min, ext))| {
             let ext = ext
                 .substitute(&map)
                 .as_int()
                 .ok_or_else(|| Error::schedule(inst, "non-constant region extent"))?;
             let iv = arith::relax(&min.substitute(&map), &relaxed, &all)
-                .filter(|iv| iv.base.is_constant())
+                .filter(|iv| iv.exact)
                 .ok_or_else(|| Error::schedule(inst, "cannot bound the cached region"))?;
-            Ok((iv.base.constant + iv.lo, iv.hi - iv.lo + ext))
+            if !iv.base.is_constant() || !predicated {
+                return Ok((iv.base, iv.lo, iv.hi - iv.lo + ext));
+            }
+            // A predicated block (a split tail) stays inside the buffer: clip.
+            let lo = (iv.base.constant + iv.lo).max(0);
+            let hi = (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);
+            Ok((Lin::constant(0), lo, (hi - lo + 1).max(1)))
         })
         .collect()
 }
 
 /// A copy block `dst[v] = src[v]` over `region`, under a fresh loop nest; returns the block and
-/// the outermost new node.
+/// the outermost new node. Its variables span the buffer; their bindings start at the region.
 fn copy_stage(
     st: &mut State,
     name: String,
     src: usize,
     dst: usize,
-    region: &[(i64, i64)],
+    region: &[(Lin, i64, i64)],
 ) -> (BlockId, Child) {
-    let iter_vars: Vec<IterVar> = region
-        .iter()
-        .enumerate()
-        .map(|(i, &(_, ext))| IterVar {
+    let shape = st.buffers[src].shape.clone();
+    let iter_vars: Vec<IterVar> = (0..region.len())
+        .map(|i| IterVar {
             name: format!("v{i}"),
             min: 0,
-            extent: ext,
+            extent: shape.get(i).copied().unwrap_or(1).max(1),
             kind: IterKind::Spatial,
         })
         .collect();
-    let idx: Vec<Expr> = region
-        .iter()
-        .enumerate()
-        .map(|(i, &(min, _))| {
-            let v = Expr::Var(format!("v{i}"));
-            if min == 0 {
-                v
-            } else {
-                Expr::Bin(
-                    crate::program::BinOp::Add,
-                    Box::new(v),
-                    Box::new(Expr::Int(min)),
-                )
-            }
-        })
-        .collect();
+    let idx: Vec<Expr> = (0..region.len()).map(|i| Expr::Var(format!("v{i}"))).collect();
     let point = |buffer: usize| Access {
         buffer,
         region: idx.iter().map(|e| (e.clone(), Expr::Int(1))).collect(),
@@ -148,13 +152,14 @@ fn copy_stage(
     let mut parent: Option<LoopId> = None;
     let mut outer = None;
     let mut bindings = Vec::new();
-    for &(_, ext) in region {
-        let l = st.new_loop(ext, parent);
+    for (base, lo, ext) in region {
+        let l = st.new_loop(*ext, parent);
         if let Some(p) = parent {
             st.loops[p].children.push(Child::Loop(l));
         }
         outer.get_or_insert(Child::Loop(l));
-        bindings.push(Expr::Var(st.loops[l].var.clone()));
+        let start = base.add(&Lin::constant(*lo), 1);
+        bindings.push(start.add(&Lin::atom(Expr::Var(st.loops[l].var.clone())), 1).to_expr());
         parent = Some(l);
     }
     let blk = st.new_block(block, bindings, parent);
@@ -164,19 +169,32 @@ fn copy_stage(
     (blk, outer.unwrap_or(Child::Block(blk)))
 }
 
-/// The deepest common loop of the given blocks (`None`: the root).
-fn lca(st: &State, blocks: &[BlockId]) -> Option<LoopId> {
-    let paths: Vec<Vec<LoopId>> = blocks.iter().map(|&b| st.loops_of(b)).collect();
-    let first = paths.first()?;
-    let mut out = None;
-    for (i, l) in first.iter().enumerate() {
-        if paths.iter().all(|p| p.get(i) == Some(l)) {
-            out = Some(*l);
-        } else {
-            break;
+/// TVM's CacheLocDetector: from the block's parent upward, the first (innermost) loop whose
+/// children hold a subtree with one of `related` after the subtree holding `b`; the stage goes
+/// right before that subtree. At the root without such a subtree: after `b`'s subtree, or at
+/// the end when `b` is not found.
+fn cache_location(st: &State, b: BlockId, related: &[BlockId]) -> (Option<LoopId>, usize) {
+    let mut p = st.blocks[b].parent;
+    loop {
+        let kids = st.children(p);
+        if let Some(i) = subtree_index(st, p, b) {
+            let hit = (i + 1..kids.len()).find(|&j| {
+                let mut v = Vec::new();
+                st.blocks_in(kids[j], &mut v);
+                v.iter().any(|x| related.contains(x))
+            });
+            if let Some(j) = hit {
+                return (p, j);
+            }
+            if p.is_none() {
+                return (None, if related.is_empty() { kids.len() } else { i + 1 });
+            }
+        }
+        match p {
+            Some(l) => p = st.loops[l].parent,
+            None => return (None, kids.len()),
         }
     }
-    out
 }
 
 /// The child of `parent` whose subtree holds block `b`.
@@ -188,11 +206,24 @@ fn subtree_index(st: &State, parent: Option<LoopId>, b: BlockId) -> Option<usize
     })
 }
 
-fn new_cache_buffer(st: &mut State, buffer: usize, scope: &str) -> usize {
+/// The cache buffer. Like TVM, a stage placed at the root covers only its region: the buffer
+/// then has the region's shape; a stage inside a loop gets the whole shape.
+fn new_cache_buffer(
+    st: &mut State,
+    buffer: usize,
+    scope: &str,
+    at_root: bool,
+    region: &[(Lin, i64, i64)],
+) -> usize {
     let old = st.buffers[buffer].clone();
+    let shape = if at_root && region.iter().all(|(b, _, _)| b.is_constant()) {
+        region.iter().map(|(_, _, e)| *e).collect()
+    } else {
+        old.shape
+    };
     let nb = st.add_buffer(Buffer {
         name: format!("{}_{scope}", old.name),
-        shape: old.shape,
+        shape,
         dtype: old.dtype,
         scope: scope.to_string(),
     });
@@ -214,31 +245,17 @@ pub fn cache_write(st: &mut State, b: BlockId, index: i64, scope: &str) -> Resul
         .and_then(|i| st.blocks[b].block.writes.get(i))
         .cloned()
         .ok_or_else(|| Error::schedule(I, format!("write buffer index {index} out of range")))?;
-    let region = relaxed_region(st, I, b, &acc)?;
     let consumers = st.consumers(b);
+    // The stage goes right before the first consumer found from the block upward, and covers
+    // what the block writes under that loop.
+    let (parent, pos) = cache_location(st, b, &consumers);
+    let region = relaxed_region(st, I, b, &acc, parent)?;
     let buffer = acc.buffer;
-    let nb = new_cache_buffer(st, buffer, scope);
+    let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     retarget(&mut st.blocks[b].block, buffer, nb, true, true);
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, nb, buffer, &region);
-    if consumers.is_empty() {
-        let n = st.top.len();
-        st.insert(None, n, node);
-    } else {
-        let mut group = consumers.clone();
-        group.push(b);
-        let parent = lca(st, &group);
-        let after = subtree_index(st, parent, b).map(|i| i + 1).unwrap_or(0);
-        let kids = st.children(parent).clone();
-        let pos = (after..kids.len())
-            .find(|&i| {
-                let mut v = Vec::new();
-                st.blocks_in(kids[i], &mut v);
-                v.iter().any(|x| consumers.contains(x))
-            })
-            .unwrap_or(kids.len());
-        st.insert(parent, pos, node);
-    }
+    st.insert(parent, pos, node);
     Ok(blk)
 }
 
@@ -270,47 +287,36 @@ pub fn cache_read(
     } else {
         consumers.to_vec()
     };
-    // The region is the union of what the readers read.
-    let mut region: Option<Vec<(i64, i64)>> = None;
-    for &r in &readers {
-        for a in st.blocks[r]
-            .block
-            .reads
-            .clone()
-            .iter()
-            .filter(|a| a.buffer == buffer)
-        {
-            let reg = relaxed_region(st, I, r, a)?;
-            region = Some(match region {
-                None => reg,
-                Some(prev) => prev
-                    .iter()
-                    .zip(&reg)
-                    .map(|(&(m0, e0), &(m1, e1))| {
-                        let lo = m0.min(m1);
-                        (lo, (m0 + e0).max(m1 + e1) - lo)
-                    })
-                    .collect(),
-            });
-        }
-    }
-    let region = region.ok_or_else(|| Error::schedule(I, "no block reads the buffer"))?;
     let writer = st
         .all_blocks()
         .into_iter()
         .find(|&x| st.blocks[x].block.writes.iter().any(|a| a.buffer == buffer));
-    let nb = new_cache_buffer(st, buffer, scope);
+    // As TVM: with a writer block, the stage goes right before the first reader found from the
+    // writer upward and covers what the writer writes under that loop; an input buffer is
+    // copied whole, first in the function.
+    let (parent, pos) = match writer {
+        Some(w) => cache_location(st, w, &readers),
+        None => (None, 0),
+    };
+    let region = match writer {
+        Some(w) => {
+            let acc = st.blocks[w]
+                .block
+                .writes
+                .iter()
+                .find(|a| a.buffer == buffer)
+                .cloned()
+                .ok_or_else(|| Error::Internal("cache_read: writer without the write".into()))?;
+            relaxed_region(st, I, w, &acc, parent)?
+        }
+        None => st.buffers[buffer].shape.iter().map(|&d| (Lin::constant(0), 0, d)).collect(),
+    };
+    let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     for &r in &readers {
         retarget(&mut st.blocks[r].block, buffer, nb, true, false);
     }
     let name = format!("{}_{scope}", st.buffers[buffer].name);
     let (blk, node) = copy_stage(st, name, buffer, nb, &region);
-    match writer {
-        Some(w) => {
-            let pos = subtree_index(st, None, w).map(|i| i + 1).unwrap_or(0);
-            st.insert(None, pos, node);
-        }
-        None => st.insert(None, 0, node),
-    }
+    st.insert(parent, pos, node);
     Ok(blk)
 }

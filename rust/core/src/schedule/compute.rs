@@ -70,6 +70,12 @@ fn required_regions(
                             ),
                         )
                     })?;
+                if !iv.exact {
+                    return Err(Error::schedule(
+                        inst,
+                        format!("the region block {} needs has an extent that depends on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)", sb.block.name),
+                    ));
+                }
                 iv.hi += ext - 1;
                 dims[d] = Some(match dims[d].take() {
                     None => iv,
@@ -94,6 +100,7 @@ fn union(inst: &str, a: SymInterval, b: SymInterval) -> Result<SymInterval> {
         base: a.base,
         lo: a.lo.min(b.lo + d),
         hi: a.hi.max(b.hi + d),
+        exact: a.exact && b.exact,
     })
 }
 
@@ -152,6 +159,7 @@ fn solve_domains(
                         base: r.base.add(&shift, -1),
                         lo: r.lo,
                         hi: r.hi,
+                        exact: r.exact,
                     },
                     dim_max - l.constant,
                 )
@@ -163,6 +171,7 @@ fn solve_domains(
                         base: Lin::constant(0),
                         lo,
                         hi,
+                        exact: r.exact,
                     },
                     dim_max.div_euclid(coef),
                 )
@@ -187,7 +196,9 @@ fn solve_domains(
 
 /// Clamps a domain to the iteration variable's range the way TVM does: keep it when provably
 /// inside, take the bound when provably covering it, intersect when constant.
-fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
+/// `None` when the domain straddles the range's edge depending on outer loops: TVM then makes
+/// a loop whose extent depends on them (dynamic).
+fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (bmin, bmax) = dom
         .base
         .bounds(&|x| arith::atom_bounds(x, all))
@@ -195,14 +206,14 @@ fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> (Lin, i64, i64) {
     if dom.base.is_constant() {
         let lo = (dom.base.constant + dom.lo).max(0);
         let hi = (dom.base.constant + dom.hi).min(bound_max);
-        return (Lin::constant(0), lo, hi.max(lo));
+        return Some((Lin::constant(0), lo, hi.max(lo)));
     }
     if bmin + dom.lo >= 0 && bmax + dom.hi <= bound_max {
-        (dom.base, dom.lo, dom.hi)
+        Some((dom.base, dom.lo, dom.hi))
     } else if bmax + dom.lo <= 0 && bmin + dom.hi >= bound_max {
-        (Lin::constant(0), 0, bound_max)
+        Some((Lin::constant(0), 0, bound_max))
     } else {
-        (dom.base, dom.lo, dom.hi)
+        None
     }
 }
 
@@ -310,18 +321,34 @@ pub fn compute_at(
     let required = required_regions(st, inst, req_blocks, target, req_writes, &bufs)?;
     let doms = solve_domains(st, inst, b, provided, &required)?;
     let all = st.ranges();
+    // Every domain is checked before the tree changes.
+    let mut spans = Vec::new();
+    for (iv, dom) in block.iter_vars.iter().zip(doms) {
+        spans.push(match dom {
+            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all).ok_or_else(|| {
+                Error::schedule(
+                    inst,
+                    format!(
+                        "the domain of {} of block {name} crosses its range depending on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)",
+                        iv.name
+                    ),
+                )
+            })?,
+            None => (Lin::constant(0), 0, iv.extent - 1),
+        });
+    }
     // The new loop nest, one loop per iteration variable (unit loops kept on request).
     st.detach(Child::Block(b))?;
     let mut parent = Some(target);
     let mut insert_at = pos;
     let mut bindings = Vec::new();
-    for (iv, dom) in block.iter_vars.iter().zip(doms) {
-        let (base, lo, hi) = match dom {
-            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all),
-            None => (Lin::constant(0), 0, iv.extent - 1),
-        };
+    for (base, lo, hi) in spans {
         let extent = hi - lo + 1;
-        let start = base.add(&Lin::constant(lo), 1);
+        // TVM's analyzer knows the outer loop ranges: a unit loop's variable is 0 there.
+        let unit = |v: &str| (all.get(v) == Some(&1)).then_some(Expr::Int(0));
+        let start = arith::linear(&base.to_expr().substitute(&unit), &all)
+            .unwrap_or(base)
+            .add(&Lin::constant(lo), 1);
         if preserve_unit_loops || extent != 1 {
             let l = st.new_loop(extent, parent);
             st.insert(parent, insert_at, Child::Loop(l));
@@ -481,20 +508,30 @@ pub fn compute_inline(st: &mut State, b: BlockId) -> Result<()> {
         for s in cb.body.iter_mut().chain(cb.init.iter_mut().flatten()) {
             s.value = replace_loads(&s.value, buf, &f);
         }
-        let mut reads: Vec<Access> = cb
-            .reads
-            .iter()
-            .filter(|a| a.buffer != buf)
-            .cloned()
-            .collect();
+        // The producer's reads take the place of the inlined buffer's (read indices stay
+        // meaningful for later cache_read).
+        let mut inlined: Vec<Access> = Vec::new();
         for idx in &loads {
             for a in &blk.reads {
                 let acc = subst_access(a, &subst_for(idx));
-                if !reads.contains(&acc) {
-                    reads.push(acc);
+                if !inlined.contains(&acc) {
+                    inlined.push(acc);
                 }
             }
         }
+        let mut reads: Vec<Access> = Vec::new();
+        for a in &cb.reads {
+            if a.buffer == buf {
+                for x in inlined.drain(..) {
+                    if !reads.contains(&x) {
+                        reads.push(x);
+                    }
+                }
+            } else if !reads.contains(a) {
+                reads.push(a.clone());
+            }
+        }
+        reads.extend(inlined);
         cb.reads = reads;
     }
     st.detach(Child::Block(b))?;

@@ -124,7 +124,8 @@ pub fn split(
 }
 
 /// Fuses a chain of directly nested loops, outermost first.
-pub fn fuse(st: &mut State, loops: &[LoopId], preserve_unit_iters: bool) -> Result<LoopId> {
+/// `_preserve_unit_iters` is accepted for the trace format: TVM binds unit components to 0 anyway.
+pub fn fuse(st: &mut State, loops: &[LoopId], _preserve_unit_iters: bool) -> Result<LoopId> {
     const I: &str = "Fuse";
     if loops.is_empty() {
         return Err(Error::schedule(I, "no loops to fuse"));
@@ -179,10 +180,11 @@ pub fn fuse(st: &mut State, loops: &[LoopId], preserve_unit_iters: bool) -> Resu
                 Box::new(Expr::Int(lower)),
             )
         };
-        let value = if i == 0 {
-            div
-        } else if !preserve_unit_iters && extents[i] == 1 {
+        // TVM binds a unit-extent component to 0 whatever preserve_unit_iters says.
+        let value = if extents[i] == 1 {
             Expr::Int(0)
+        } else if i == 0 {
+            div
         } else {
             Expr::Bin(
                 BinOp::FloorMod,

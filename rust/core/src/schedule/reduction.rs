@@ -217,7 +217,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
     shape.insert(axis, st.loops[rf].extent);
     let wb = st.buffers[wbuf].clone();
     let rf_buf = st.add_buffer(Buffer {
-        name: format!("{}_rf", wb.name),
+        name: format!("{}.rf", wb.name),
         shape,
         dtype: wb.dtype,
         scope: wb.scope,
@@ -244,7 +244,22 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             rf_bindings_spatial.push(e.clone());
         }
     }
-    for &l in reduce_loops.iter().filter(|&&l| l != rf) {
+    // One reduction variable per other reduction loop, in the order the original reduction
+    // variables' bindings mention them (TVM's order, not the loop nesting order).
+    let mut order: Vec<LoopId> = Vec::new();
+    for (iv, e) in blk.iter_vars.iter().zip(&bindings) {
+        if iv.kind != IterKind::Reduce {
+            continue;
+        }
+        for v in arith::vars_of(e) {
+            if let Some(l) = st.loop_by_var(&v) {
+                if l != rf && reduce_loops.contains(&l) && !order.contains(&l) {
+                    order.push(l);
+                }
+            }
+        }
+    }
+    for &l in &order {
         ivs.push(IterVar {
             name: name_of(l),
             min: 0,
@@ -287,6 +302,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         .first()
         .map(|s| s.value.clone())
         .unwrap_or(Expr::Int(0));
+    let has_reduce = reduce_loops.len() > 1;
     let rf_block = Block {
         name: format!("{}_rf", blk.name),
         iter_vars: ivs,
@@ -304,15 +320,23 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             })
             .collect(),
         writes: vec![rf_point.clone()],
-        init: Some(vec![Store {
-            buffer: rf_buf,
-            indices: rf_idx.clone(),
-            value: init_value,
-        }]),
+        // With no reduction left (the rf loop was the only one), TVM makes a plain spatial
+        // block: no init, no accumulation.
+        init: has_reduce.then(|| {
+            vec![Store {
+                buffer: rf_buf,
+                indices: rf_idx.clone(),
+                value: init_value,
+            }]
+        }),
         body: vec![Store {
             buffer: rf_buf,
             indices: rf_idx.clone(),
-            value: bin(op, rf_load.clone(), other.substitute(&rsub)),
+            value: if has_reduce {
+                bin(op, rf_load.clone(), other.substitute(&rsub))
+            } else {
+                other.substitute(&rsub)
+            },
         }],
         children: None,
         alloc_buffers: vec![],
@@ -344,6 +368,8 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             .map(|&l| Expr::Var(st.loops[l].var.clone()).substitute(&csub)),
     );
     let rfb = st.new_block(rf_block, rf_bindings, up);
+    // The rf block keeps the predicate; TVM's write-back block has none.
+    st.blocks[rfb].predicate = st.blocks[b].predicate.substitute(&csub);
     if let Some(p) = up {
         st.loops[p].children.push(Child::Block(rfb));
     }
@@ -383,6 +409,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         value: bin(op, w_load, rf_load),
     }];
     sb.bindings = wb_bindings;
+    sb.predicate = Expr::Bool(true);
     for &l in reduce_loops.iter().filter(|&&l| l != rf) {
         unlink_loop(st, l)?;
     }

@@ -337,46 +337,48 @@ impl State {
         kids.insert(pos, c);
     }
 
-    /// Blocks that read a buffer `b` writes, in program order.
-    pub fn consumers(&self, b: BlockId) -> Vec<BlockId> {
-        let written: Vec<usize> = self.blocks[b]
-            .block
-            .writes
-            .iter()
-            .map(|w| w.buffer)
-            .collect();
-        self.all_blocks()
-            .into_iter()
-            .filter(|&x| {
-                x != b
-                    && self.blocks[x]
-                        .block
-                        .reads
-                        .iter()
-                        .any(|r| written.contains(&r.buffer))
-            })
-            .collect()
+    /// Read-after-write and write-after-write dependencies `(src, dst)` in the order TVM's block
+    /// scope records them: blocks in program order; for each, its reads then its writes, each
+    /// against the earlier writers of the buffer in order.
+    pub fn deps(&self) -> Vec<(BlockId, BlockId)> {
+        let mut writers: BTreeMap<usize, Vec<BlockId>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for b in self.all_blocks() {
+            let blk = &self.blocks[b].block;
+            for w in &blk.writes {
+                writers.entry(w.buffer).or_default().push(b);
+            }
+            for acc in blk.reads.iter().chain(&blk.writes) {
+                for &src in writers.get(&acc.buffer).into_iter().flatten() {
+                    if src != b {
+                        out.push((src, b));
+                    }
+                }
+            }
+        }
+        out
     }
 
-    /// Blocks that write a buffer `b` reads, in program order.
+    /// TVM's consumers: blocks depending on `b` (read or write after its writes), deduplicated.
+    pub fn consumers(&self, b: BlockId) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        for (s, d) in self.deps() {
+            if s == b && !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    /// TVM's producers: blocks `b` depends on, in the scope's order, deduplicated.
     pub fn producers(&self, b: BlockId) -> Vec<BlockId> {
-        let read: Vec<usize> = self.blocks[b]
-            .block
-            .reads
-            .iter()
-            .map(|r| r.buffer)
-            .collect();
-        self.all_blocks()
-            .into_iter()
-            .filter(|&x| {
-                x != b
-                    && self.blocks[x]
-                        .block
-                        .writes
-                        .iter()
-                        .any(|w| read.contains(&w.buffer))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (s, d) in self.deps() {
+            if d == b && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out
     }
 
     pub fn block_by_name(&self, name: &str) -> Option<BlockId> {

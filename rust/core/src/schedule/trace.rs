@@ -193,7 +193,7 @@ impl<'a> Replayer<'a> {
     /// A literal or the integer value of a random variable.
     fn value(&self, k: &str, v: &Value) -> Result<Lit> {
         Ok(match v {
-            // TVM's `Trace.as_json()` writes a `None` input as the string "None".
+            // TVM writes a missing split factor as the bare string `None`.
             Value::Null => Lit::Null,
             Value::String(s) if s == "None" => Lit::Null,
             Value::Bool(b) => Lit::Int(*b as i64),
@@ -369,6 +369,7 @@ impl<'a> Replayer<'a> {
                     Some(thread),
                 )?
             }
+            // TVM keeps an existing annotation: annotating the same key again is a no-op.
             "Annotate" => {
                 let key = Self::attr_str(k, &inst.attrs, 0)?.to_string();
                 let value = match self.value(k, inp(1)?)? {
@@ -379,10 +380,10 @@ impl<'a> Replayer<'a> {
                 };
                 match self.rv(k, inp(0)?)? {
                     Rv::Block(b) if self.st.blocks[b].alive => {
-                        self.st.blocks[b].block.annotations.insert(key, value);
+                        self.st.blocks[b].block.annotations.entry(key).or_insert(value);
                     }
                     Rv::Loop(l) if self.st.loops[l].alive => {
-                        self.st.loops[l].annotations.insert(key, value);
+                        self.st.loops[l].annotations.entry(key).or_insert(value);
                     }
                     _ => return Err(Error::schedule(k, "the target is not a live block or loop")),
                 }
