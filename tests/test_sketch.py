@@ -112,6 +112,7 @@ def test_public_sample_returns_traces_tvm_applies():
 
 def test_sketch_rules_cover_the_families():
     """Tiling on contractions, rfactor on low-parallelism reductions, inlining of padding."""
+
     def kinds(func, n=64):
         found = set()
         for key in _core.sample_sketches(program_json(func), 2, n, 0):

@@ -15,6 +15,7 @@ from fastsearch.errors import (
     UnsupportedWorkload,
 )
 from fastsearch.sample import sample
+from fastsearch.tune import TuneResult, tune
 
 __all__ = [
     "DatabaseError",
@@ -25,7 +26,9 @@ __all__ = [
     "MalformedInput",
     "MeasurementError",
     "ScheduleError",
+    "TuneResult",
     "UnsupportedWorkload",
     "__version__",
     "sample",
+    "tune",
 ]

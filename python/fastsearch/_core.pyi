@@ -1,5 +1,7 @@
 """Type stubs of the Rust extension ``fastsearch._core``."""
 
+import numpy as np
+
 __version__: str
 
 class FastsearchError(Exception): ...
@@ -14,4 +16,22 @@ def apply_trace(program_json: str, trace_json: str, postprocess: bool = False) -
 def sample_sketches(
     program_json: str, num_cores: int, n: int, seed: int, exclude: list[str] = ...
 ) -> list[str]: ...
-def extract_features(program_json: str, trace_jsons: list[str]) -> tuple[bytes, list[int]]: ...
+def extract_features(program_json: str, trace_jsons: list[str]) -> list[np.ndarray]: ...
+def sample_genomes(
+    program_json: str, num_cores: int, vector_bytes: int, n: int, seed: int, exclude: list[str] = ...
+) -> list[tuple[str, str]]: ...
+def analytical_scores(
+    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str]
+) -> list[float]: ...
+def propose(
+    program_json: str,
+    num_cores: int,
+    vector_bytes: int,
+    strategy: str,
+    n: int,
+    seed: int,
+    measured: dict[str, float],
+    seeds: list[str],
+    population: int | None = None,
+    generations: int | None = None,
+) -> list[tuple[str, str, float]]: ...

@@ -180,7 +180,7 @@ class TuningDatabase:
             raise DatabaseError(f"cannot write workload to {self.workload_path}: {exc}") from exc
 
     def records(self, workload: ms.database.Workload) -> list[ms.database.TuningRecord]:
-        """All records of ``workload``, failed ones included, in file order."""
+        """All records of ``workload``, failed ones included (fastest first, as JSONDatabase keeps them)."""
         out = []
         for rec in self.ms_database.get_all_tuning_records():
             if rec.workload.same_as(workload) or structural_equal(rec.workload.mod, workload.mod):

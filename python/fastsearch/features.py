@@ -89,14 +89,7 @@ FEATURE_NAMES = (
 def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
     """Features of each trace (JSON text) on a program model (JSON from
     ``fastsearch.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
-    data, counts = _core.extract_features(program, list(traces))
-    flat = np.frombuffer(data, dtype=np.float32)
-    out = []
-    start = 0
-    for n in counts:
-        out.append(flat[start : start + n * N_FEATURES].reshape(n, N_FEATURES))
-        start += n * N_FEATURES
-    return out
+    return _core.extract_features(program, list(traces))
 
 
 def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> list[np.ndarray]:

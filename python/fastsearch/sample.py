@@ -34,23 +34,59 @@ class Candidate:
         return self.schedule.trace
 
 
-class Postprocessor:
-    """MetaSchedule's postprocessors for a target, initialized once."""
+def fresh_copy(obj: Any) -> Any:
+    """A deep copy of a TVM IR object.
 
-    def __init__(self, func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> None:
+    A TVM Schedule may rewrite the PrimFunc it was made from in place; every replay works on its
+    own copy so no candidate can change the function being tuned.
+    """
+    return tvm.ir.load_json(tvm.ir.save_json(obj))
+
+
+class Postprocessor:
+    """MetaSchedule's default postprocessors for the target, initialized for one workload.
+
+    Built through the FFI constructor of TuneContext: its Python constructor imports every tensor
+    intrinsic (tens of seconds per process), which replaying fastsearch's traces does not need.
+    ``apply(sch)`` enters postprocessing and runs them all, as MetaSchedule does before a build.
+    """
+
+    def __init__(self, mod: tvm.tirx.PrimFunc | tvm.IRModule, target: tvm.target.Target) -> None:
+        from tvm.s_tir.meta_schedule import _ffi_api
+        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+
+        if isinstance(mod, tvm.tirx.PrimFunc):
+            mod = tvm.IRModule({"main": mod})
+        kind = str(target.kind.name)
+        kind = kind if kind in ("cuda", "hexagon") else "llvm"
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
+        )
+        ctx = ms.TuneContext.__new__(ms.TuneContext)
+        ctx.__init_handle_by_constructor__(
+            _ffi_api.TuneContext,
+            mod,
+            target,
+            space,
+            None,
+            "main",
+            1,
+            0,
+            get_logging_func(get_logger(__name__)),
+        )
+        _ffi_api.TuneContextInitialize(ctx)
         self.target = target
-        context = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=target)
-        self.postprocs = list(ms.postproc.Postproc.create(_target_kind(target)))
-        for p in self.postprocs:
-            p._initialize_with_tune_context(context)
+        self.postprocs = list(ctx.space_generator.postprocs)
+        self.rejected_by: str | None = None
 
     def apply(self, sch: Schedule) -> bool:
+        """Run the postprocessors on ``sch``; False (and ``rejected_by`` set) if one refuses it."""
         sch.enter_postproc()
-        return all(p.apply(sch) for p in self.postprocs)
-
-
-def _target_kind(target: tvm.target.Target) -> str:
-    return "cuda" if str(target.kind.name) == "cuda" else "llvm"
+        for post in self.postprocs:
+            if not post.apply(sch):
+                self.rejected_by = type(post).__name__
+                return False
+        return True
 
 
 def num_cores(target: tvm.target.Target) -> int:
@@ -58,9 +94,25 @@ def num_cores(target: tvm.target.Target) -> int:
     return int(value) if value is not None else 1
 
 
-def replay(func: tvm.tirx.PrimFunc, trace_json: str | list[Any], postprocessor: Postprocessor | None) -> Schedule | None:
+def vector_bytes(target: tvm.target.Target) -> int:
+    """SIMD width the target's LLVM CPU has: 64 with AVX-512, 32 with AVX2, else 16."""
+    from tvm.target.codegen import target_has_features
+
+    try:
+        if target_has_features("avx512f", target):
+            return 64
+        if target_has_features("avx2", target):
+            return 32
+    except tvm.TVMError:
+        pass
+    return 16
+
+
+def replay(
+    func: tvm.tirx.PrimFunc, trace_json: str | list[Any], postprocessor: Postprocessor | None
+) -> Schedule | None:
     """Applies a trace to a fresh schedule of ``func``; None when TVM refuses it."""
-    sch = Schedule(tvm.IRModule({"main": func}))
+    sch = Schedule(tvm.IRModule({"main": fresh_copy(func)}))
     obj = json.loads(trace_json) if isinstance(trace_json, str) else trace_json
     try:
         Trace.apply_json_to_schedule(obj, sch)

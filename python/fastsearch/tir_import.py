@@ -137,7 +137,9 @@ class _Exporter:
             if kind is None:
                 raise UnsupportedWorkload(f"{self.name}: block {blk.name_hint} has a thread-bound iter var")
             if not isinstance(iv.dom.extent, _E.IntImm) or not isinstance(iv.dom.min, _E.IntImm):
-                raise UnsupportedWorkload(f"{self.name}: block {blk.name_hint} has a dynamic iteration domain")
+                raise UnsupportedWorkload(
+                    f"{self.name}: block {blk.name_hint} has a dynamic iteration domain"
+                )
             iter_vars.append(
                 {"name": str(iv.var.name), "min": int(iv.dom.min), "extent": int(iv.dom.extent), "kind": kind}
             )
@@ -237,8 +239,7 @@ def main_function(mod: Any) -> tuple[str, tirx.PrimFunc]:
         funcs = [(gv.name_hint, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
         if len(funcs) != 1:
             raise UnsupportedWorkload(
-                f"expected an IRModule with exactly one PrimFunc, found {len(funcs)}: "
-                f"{[n for n, _ in funcs]}"
+                f"expected an IRModule with exactly one PrimFunc, found {len(funcs)}: {[n for n, _ in funcs]}"
             )
         return funcs[0]
     raise UnsupportedWorkload(f"expected a tirx.PrimFunc or an IRModule, got {type(mod).__name__}")

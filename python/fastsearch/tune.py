@@ -11,6 +11,7 @@ twice.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -28,8 +29,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
-from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs
-from fastsearch.errors import FastsearchError, MeasurementError, UnsupportedWorkload
+from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
+from fastsearch.errors import MeasurementError, UnsupportedWorkload
 from fastsearch.measure import (
     MeasureConfig,
     Measurer,
@@ -39,12 +40,18 @@ from fastsearch.measure import (
     run_function,
 )
 from fastsearch.progress import ProgressBar
-from fastsearch.target import TargetLike, device, resolve_target, target_kind
+from fastsearch.sample import Postprocessor, fresh_copy
+from fastsearch.target import TargetLike, device, resolve_target
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
-#: A candidate generator: ``(func, target, n, seed, exclude) -> list[Trace]`` of at most ``n``
-#: distinct candidates whose :func:`fastsearch.database.candidate_key` is not in ``exclude``.
+#: A candidate generator ``(func, target, n, seed, exclude) -> list`` of at most ``n`` distinct
+#: candidates whose key (:func:`fastsearch.database.candidate_key`) is not in ``exclude``. Items are
+#: ``fastsearch.sample.Candidate`` objects (``key`` and a postprocessed ``schedule``) or plain
+#: :class:`tvm.s_tir.Trace` objects, which tune() replays and postprocesses itself. A sampler that
+#: also has ``update(func, measured)`` gets, after every batch, ``measured = [(key, mean seconds or
+#: None for a failure)]``, and once at the start the records already stored (warm start); the time
+#: it takes is reported as ``model``.
 Sampler = Callable[[tvm.tirx.PrimFunc, tvm.target.Target, int, int, set], list]
 
 APPLY_FAILURES_FILE = "fastsearch_apply_failures.jsonl"
@@ -111,6 +118,19 @@ class TuneResult:
         """Best trace of every task that has a valid record."""
         return {name: t.best_trace for name, t in self.tasks.items() if t.best_trace is not None}
 
+    def write_history(self, path: str | os.PathLike[str]) -> Path:
+        """Write the per-trial history (the tuning curve) as CSV; returns the path."""
+        out = Path(path)
+        fields = ["trial", "task", "latency_us", "min_us", "median_us", "best_us", "elapsed_s", "error"]
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            for h in self.history:
+                row = {k: getattr(h, k) for k in fields}
+                row["error"] = (h.error or "").splitlines()[0] if h.error else ""
+                writer.writerow(row)
+        return out
+
     def best_module(self) -> IRModule:
         """The tuned IRModule: each PrimFunc replaced by its best schedule from the database."""
         funcs = {}
@@ -118,7 +138,9 @@ class TuneResult:
             name = gv.name_hint
             task = self.tasks.get(name)
             if task is not None:
-                sch = ms.tir_integration.compile_tir(self.database.ms_database, task.mod, self.target)
+                sch = ms.tir_integration.compile_tir(
+                    self.database.ms_database, fresh_copy(task.mod), self.target
+                )
                 if sch is not None:
                     func = sch.mod["main"]
                     if self.mod[gv].attrs is not None and "global_symbol" in self.mod[gv].attrs:
@@ -126,8 +148,9 @@ class TuneResult:
             funcs[name] = func
         return IRModule(funcs, attrs=self.mod.attrs)
 
-    def compile(self) -> tvm.runtime.Module:
-        """Build the tuned module for the target; call its functions by their names."""
+    def compile(self) -> tvm.runtime.Executable:
+        """Build the tuned module for the target (``tvm.compile``); call its functions by name,
+        ``lib["main"](*tensors)``."""
         return tvm.compile(self.best_module(), target=self.target)
 
 
@@ -139,25 +162,53 @@ class _Task:
     entry: str
     workload: Any
     args_info: list
-    postprocs: list
+    post: Postprocessor
     result: TaskResult
     best_secs: float = math.inf
+    pristine: IRModule | None = None  # an untouched copy for the reference output
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
 
 
-def _resolve_sampler(strategy: str | Sampler) -> Sampler:
+#: Built-in strategies: random sampling of fastsearch's sketches, and model-guided search
+#: (evolutionary or simulated annealing in Rust, cost model retrained on every batch).
+STRATEGIES = ("random", "evolutionary", "annealing")
+
+_MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
+
+
+def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
+    """Per-task sampler factory for ``strategy``."""
     if callable(strategy):
-        return strategy
+        user = strategy
+        return lambda task, db, target: user
     if strategy == "random":
-        try:
-            from fastsearch.sample import sample_candidates
-        except ImportError as exc:
-            raise FastsearchError(
-                f"strategy 'random' needs fastsearch.sample.sample_candidates, which is unavailable: {exc}"
-            ) from exc
-        return sample_candidates
-    raise ValueError(f"unknown strategy {strategy!r}; available: 'random' or a sampler callable")
+        from fastsearch.sample import sample_candidates
+
+        def make_random(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            def draw(
+                func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
+            ) -> list:
+                return sample_candidates(func, target, n, seed, exclude, postprocessor=task.post)
+
+            return draw
+
+        return make_random
+    if strategy in STRATEGIES:
+        from fastsearch.search import ModelGuidedSampler
+
+        def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            def history() -> list[tuple[str, float]]:
+                return [(k, math.inf if s is None else s) for k, s in _stored_results(db, task)]
+
+            return ModelGuidedSampler(
+                fresh_copy(task.func), target, str(strategy), history, postprocessor=task.post
+            )
+
+        return make_guided
+    raise ValueError(
+        f"unknown strategy {strategy!r}; available: {', '.join(STRATEGIES)} or a sampler callable"
+    )
 
 
 def _primfuncs(mod: tvm.tirx.PrimFunc | IRModule) -> tuple[IRModule, list[tuple[str, tvm.tirx.PrimFunc]]]:
@@ -197,36 +248,6 @@ def default_name(mod: tvm.tirx.PrimFunc | IRModule) -> str:
     return base
 
 
-def _postprocs(mod: IRModule, target: tvm.target.Target) -> list:
-    """MetaSchedule's default postprocessors for the target, initialized for this workload.
-
-    Built through the FFI constructor of TuneContext: the Python constructor imports every tensor
-    intrinsic (tens of seconds), which replaying fastsearch's traces does not need.
-    """
-    from tvm.s_tir.meta_schedule import _ffi_api
-    from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
-
-    kind = target_kind(target)
-    kind = kind if kind in ("cuda", "hexagon") else "llvm"
-    space = ms.space_generator.PostOrderApply(
-        sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
-    )
-    ctx = ms.TuneContext.__new__(ms.TuneContext)
-    ctx.__init_handle_by_constructor__(
-        _ffi_api.TuneContext,
-        mod,
-        target,
-        space,
-        None,
-        "main",
-        1,
-        0,
-        get_logging_func(get_logger(__name__)),
-    )
-    _ffi_api.TuneContextInitialize(ctx)
-    return list(ctx.space_generator.postprocs)
-
-
 def _needs_tensor_intrin(trace: Trace) -> bool:
     return any(str(inst.kind.name) in ("Tensorize", "Blockize") for inst in trace.insts)
 
@@ -236,15 +257,24 @@ def _apply(task: _Task, trace: Trace) -> tuple[Schedule | None, str | None]:
     if _needs_tensor_intrin(trace):
         import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics tensorize refers to)
     try:
-        sch = Schedule(task.mod, debug_mask="none", error_render_level="detail")
+        sch = Schedule(fresh_copy(task.mod), debug_mask="none", error_render_level="detail")
         trace.apply_to_schedule(sch, remove_postproc=True)
-        sch.enter_postproc()
-        for post in task.postprocs:
-            if not post.apply(sch):
-                return sch, f"postprocessor {type(post).__name__} rejected the candidate"
+        if not task.post.apply(sch):
+            return None, f"postprocessor {task.post.rejected_by} rejected the candidate"
     except Exception as exc:  # noqa: BLE001  (a broken candidate is recorded, the search goes on)
         return None, f"cannot apply the trace: {exc}"
     return sch, None
+
+
+def _args_info(name: str, func: tvm.tirx.PrimFunc) -> list:
+    """MetaSchedule's argument descriptions; a function it cannot describe is unsupported."""
+    try:
+        return list(ms.arg_info.ArgInfo.from_prim_func(func))
+    except Exception as exc:  # TVM raises TypeError / TVMError here
+        from fastsearch.tir_import import program_json
+
+        program_json(func)  # raises UnsupportedWorkload naming the construct when it can
+        raise UnsupportedWorkload(f"function {name!r}: cannot describe its arguments: {exc}") from exc
 
 
 def _seed_for(seed: int, task_index: int, round_index: int) -> int:
@@ -252,8 +282,9 @@ def _seed_for(seed: int, task_index: int, round_index: int) -> int:
 
 
 class _ApplyFailures:
-    """Candidates whose trace cannot be replayed: MetaSchedule's database could not load them, so
-    they are kept in a side file of the work directory (key and error) to be skipped on resume."""
+    """Candidates whose trace TVM cannot replay or postprocess: MetaSchedule's database replays every
+    trace it loads, so they are kept in a side file of the work directory (key and error) instead,
+    to be skipped on resume."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -281,7 +312,7 @@ def tune(
     trials: int = 64,
     seed: int = 0,
     work_dir: str | os.PathLike[str] | None = None,
-    strategy: str | Sampler = "random",
+    strategy: str | Sampler = "evolutionary",
     batch_size: int | None = None,
     measure: MeasureConfig | None = None,
     verify: bool = True,
@@ -294,8 +325,9 @@ def tune(
 
     ``trials`` is the total number of candidates per run directory: records already stored in
     ``work_dir`` (default ``./fastsearch_work/<name>``) count toward it, and no stored candidate
-    is measured again. ``strategy`` is ``"random"`` (fastsearch's sketches with random annotation)
-    or a :data:`Sampler`. Candidates that would become the best are checked against the untuned
+    is measured again. ``strategy`` is ``"evolutionary"`` (the default) or ``"annealing"``
+    (model-guided search in Rust), ``"random"`` (fastsearch's sketches with random annotation), or
+    a :data:`Sampler`. Candidates that would become the best are checked against the untuned
     function's output on random inputs (``verify``); a wrong answer is recorded as failed.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
@@ -306,19 +338,21 @@ def tune(
     if trials < 0:
         raise ValueError(f"trials must be >= 0, got {trials}")
     tgt = resolve_target(target)
-    sampler = _resolve_sampler(strategy)
+    make_sampler = _resolve_sampler(strategy)
     whole, funcs = _primfuncs(mod)
     wname = name or default_name(mod)
     wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / wname
     timing = {k: 0.0 for k in ("search", "apply", "build", "run", "verify", "database", "model")}
+
+    normalized = [(fname, _normalize_mod(func)) for fname, func in funcs]
+    described = [_args_info(fname, tmod["main"]) for fname, tmod in normalized]  # before writing
 
     t0 = time.perf_counter()
     db = TuningDatabase(wdir)
     apply_failures = _ApplyFailures(wdir / APPLY_FAILURES_FILE)
     tasks: list[_Task] = []
     per_task = [trials // len(funcs) + (1 if i < trials % len(funcs) else 0) for i in range(len(funcs))]
-    for (fname, func), budget in zip(funcs, per_task):
-        tmod = _normalize_mod(func)
+    for (fname, tmod), args_info, budget in zip(normalized, described, per_task):
         workload = db.commit_workload(tmod)
         attrs = tmod["main"].attrs
         entry = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
@@ -329,8 +363,9 @@ def tune(
             func=tmod["main"],
             entry=entry,
             workload=workload,
-            args_info=list(ms.arg_info.ArgInfo.from_prim_func(tmod["main"])),
-            postprocs=_postprocs(tmod, tgt),
+            args_info=args_info,
+            post=Postprocessor(tmod, tgt),
+            pristine=fresh_copy(tmod),
             result=result,
         )
         best = db.best(workload)
@@ -373,20 +408,27 @@ def tune(
                 round_index = 0
                 empty_rounds = 0
                 wl_id = _wl_id(task)
+                sampler = make_sampler(task, db, tgt)
+                update = getattr(sampler, "update", None)
+                if callable(update) and stored[task.name]:
+                    t0 = time.perf_counter()  # warm start from what the database already holds
+                    update(task.func, _stored_results(db, task))
+                    timing["model"] += time.perf_counter() - t0
                 while task.result.trials_measured < todo:
                     n = min(bsize, todo - task.result.trials_measured)
                     exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
                     t0 = time.perf_counter()
-                    traces = sampler(task.func, tgt, n, _seed_for(seed, ti, round_index), exclude)
+                    drawn = sampler(fresh_copy(task.func), tgt, n, _seed_for(seed, ti, round_index), exclude)
                     timing["search"] += time.perf_counter() - t0
                     round_index += 1
-                    batch: list[tuple[Trace, str]] = []
-                    for trace in traces:
-                        key = candidate_key(trace)
-                        if key not in exclude:
-                            exclude.add(key)
-                            batch.append((trace, key))
-                    batch = batch[:n]
+                    t0 = time.perf_counter()
+                    batch: list[_Cand] = []
+                    for item in drawn:
+                        cand = _as_candidate(task, item)
+                        if cand.key not in exclude and len(batch) < n:
+                            exclude.add(cand.key)
+                            batch.append(cand)
+                    timing["apply"] += time.perf_counter() - t0
                     if not batch:
                         empty_rounds += 1
                         if empty_rounds >= 3:
@@ -394,7 +436,7 @@ def tune(
                             break
                         continue
                     empty_rounds = 0
-                    n_failed += _run_batch(
+                    outcome = _run_batch(
                         task,
                         batch,
                         tgt,
@@ -409,7 +451,16 @@ def tune(
                         atol,
                         overall_best_us,
                     )
+                    n_failed += sum(1 for _, secs in outcome if secs is None)
+                    if callable(update):
+                        t0 = time.perf_counter()
+                        update(task.func, outcome)
+                        timing["model"] += time.perf_counter() - t0
                     bar.update(advance=len(batch), best_us=overall_best_us(), failed=n_failed)
+                inner = getattr(sampler, "timing", None)
+                if isinstance(inner, dict) and inner.get("model"):
+                    timing["model"] += float(inner["model"])  # trained inside the sampler call
+                    timing["search"] -= float(inner["model"])
                 measured_ok = db.best(task.workload) is not None
                 if not measured_ok:
                     raise MeasurementError(
@@ -454,9 +505,28 @@ def _wl_id(task: _Task) -> str:
     return f"{structural_hash(task.mod) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
+@dataclass
+class _Cand:
+    key: str
+    sch: Schedule | None
+    error: str | None
+
+
+def _as_candidate(task: _Task, item: Any) -> _Cand:
+    """A sampler's item as (key, postprocessed schedule or None, error)."""
+    if isinstance(item, Trace):
+        sch, error = _apply(task, item)
+        return _Cand(candidate_key(item), sch, error)
+    key = getattr(item, "key", None)
+    sch = getattr(item, "schedule", None)
+    if not isinstance(key, str) or not isinstance(sch, Schedule):
+        raise TypeError(f"the sampler returned {type(item).__name__}; expected a Trace or a Candidate")
+    return _Cand(key, sch, None)
+
+
 def _run_batch(
     task: _Task,
-    batch: Sequence[tuple[Trace, str]],
+    batch: Sequence[_Cand],
     target: tvm.target.Target,
     db: TuningDatabase,
     measurer: Measurer,
@@ -468,18 +538,12 @@ def _run_batch(
     rtol: float,
     atol: float,
     overall_best_us: Callable[[], float | None],
-) -> int:
-    """Apply, build, run, check and store one batch; returns the number of failed candidates."""
-    t0 = time.perf_counter()
-    applied: list[tuple[Trace, str, Schedule | None, str | None]] = []
-    for trace, key in batch:
-        sch, error = _apply(task, trace)
-        applied.append((trace, key, sch, error))
-    timing["apply"] += time.perf_counter() - t0
-
-    runnable = [i for i, (_, _, sch, err) in enumerate(applied) if err is None and sch is not None]
-    results: list[MeasureResult] = [MeasureResult(error=applied[i][3]) for i in range(len(applied))]
-    measured = measurer.measure([applied[i][2].mod for i in runnable], task.args_info)  # type: ignore[union-attr]
+) -> list[tuple[str, float | None]]:
+    """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate."""
+    best_before = task.best_secs
+    runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
+    results: list[MeasureResult] = [MeasureResult(error=c.error) for c in batch]
+    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info)  # type: ignore[union-attr]
     for i, res in zip(runnable, measured):
         results[i] = res
 
@@ -492,7 +556,7 @@ def _run_batch(
                 break
             if verify:
                 t0 = time.perf_counter()
-                error = _check_candidate(task, applied[i][2], results[i], target, rtol, atol)  # type: ignore[arg-type]
+                error = _check_candidate(task, batch[i].sch, results[i], target, rtol, atol)  # type: ignore[arg-type]
                 timing["verify"] += time.perf_counter() - t0
                 if error is not None:
                     results[i].error = f"wrong answer: {error}"
@@ -504,17 +568,21 @@ def _run_batch(
         Measurer.release(results)
 
     t0 = time.perf_counter()
-    failed = 0
     wl_id = _wl_id(task)
-    for (trace, key, sch, error), res in zip(applied, results):
-        if sch is None:
-            apply_failures.add(wl_id, key, res.error or "cannot apply the trace")
+    best_after, running = task.best_secs, best_before
+    outcome: list[tuple[str, float | None]] = []
+    for cand, res in zip(batch, results):
+        outcome.append((cand.key, mean_run_secs(res.run_secs) if res.ok else None))
+        if cand.sch is None:
+            apply_failures.add(wl_id, cand.key, res.error or "cannot apply the trace")
         else:
-            db.commit(task.workload, sch.trace, res.run_secs if res.ok else None, target, task.args_info)
-            db.measured_keys(task.workload).add(key)
-        failed += 0 if res.ok else 1
+            db.commit(task.workload, cand.sch.trace, res.run_secs if res.ok else None, target, task.args_info)
+            db.measured_keys(task.workload).add(cand.key)
         task.result.trials_measured += 1
         task.result.failed += 0 if res.ok else 1
+        if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
+            running = min(running, mean_run_secs(res.run_secs))
+        task.best_secs = running
         best = overall_best_us()
         history.append(
             TrialRecord(
@@ -528,8 +596,20 @@ def _run_batch(
                 best_us=best,
             )
         )
+    task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
-    return failed
+    return outcome
+
+
+def _stored_results(db: TuningDatabase, task: _Task) -> list[tuple[str, float | None]]:
+    """(key, mean seconds or None) of every stored record of the task, for a strategy's warm start."""
+    out = []
+    for rec in db.records(task.workload):
+        secs = (
+            mean_run_secs([float(s) for s in rec.run_secs]) if rec.run_secs is not None else FAILED_RUN_SECS
+        )
+        out.append((candidate_key(rec.trace), None if secs >= FAILED_RUN_SECS else secs))
+    return out
 
 
 def _check_candidate(
@@ -544,7 +624,7 @@ def _check_candidate(
         if task.reference is None:
             task.inputs = random_arguments(task.args_info, seed=0)
             host = tvm.target.Target("llvm")
-            ref_mod = tvm.compile(task.mod, target=host)
+            ref_mod = tvm.compile(task.pristine, target=host)
             task.reference = run_function(ref_mod, task.inputs, tvm.cpu(0), task.entry)
     except Exception as exc:
         raise MeasurementError(f"task {task.name!r}: cannot compute the reference output: {exc}") from exc

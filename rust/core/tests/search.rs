@@ -45,7 +45,7 @@ fn mean(xs: &[f64]) -> f64 {
 fn evolution_beats_random_draws_and_skips_measured() {
     let p = program("gmm_512");
     let space = SketchSpace::new(&p);
-    let target = CpuTarget { num_cores: 2 };
+    let target = CpuTarget::new(2);
     let empty = HashMap::new();
     let ctx = SearchContext {
         program: &p,
@@ -88,7 +88,7 @@ fn evolution_beats_random_draws_and_skips_measured() {
 fn search_is_the_same_on_one_or_many_threads() {
     let p = program("cbr_small");
     let space = SketchSpace::new(&p);
-    let target = CpuTarget { num_cores: 2 };
+    let target = CpuTarget::new(2);
     let empty = HashMap::new();
     let ctx = SearchContext {
         program: &p,
@@ -136,7 +136,7 @@ fn search_is_the_same_on_one_or_many_threads() {
 fn annealing_improves_on_its_start() {
     let p = program("gmm_512");
     let space = SketchSpace::new(&p);
-    let target = CpuTarget { num_cores: 2 };
+    let target = CpuTarget::new(2);
     let empty = HashMap::new();
     let ctx = SearchContext {
         program: &p,
@@ -161,7 +161,7 @@ fn annealing_improves_on_its_start() {
 fn small_spaces_still_fill_the_batch() {
     let p = program("sfm_small");
     let space = SketchSpace::new(&p);
-    let target = CpuTarget { num_cores: 2 };
+    let target = CpuTarget::new(2);
     let empty = HashMap::new();
     let ctx = SearchContext {
         program: &p,

@@ -6,15 +6,22 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
+use fastsearch_core::model::analytical;
+use fastsearch_core::model::sketch_features::{sketch_features, SKETCH_FEATURES};
+use fastsearch_core::model::{Forest, HybridScorer};
 use fastsearch_core::program::Program;
-use fastsearch_core::sketch::{self, CpuTarget};
+use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
+use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
+use fastsearch_core::search::SearchContext;
+use fastsearch_core::sketch::{self, CpuTarget, Genome, SketchSpace};
 use fastsearch_core::Error;
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use rayon::prelude::*;
 
 create_exception!(
     _core,
@@ -125,29 +132,199 @@ fn sample_sketches(
 ) -> PyResult<Vec<String>> {
     guarded(py, "sample_sketches", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget {
-            num_cores: num_cores.max(1),
-        };
+        let target = CpuTarget::new(num_cores);
         let exclude: HashSet<String> = exclude.into_iter().collect();
         Ok(sketch::sample(&program, &target, n, seed, &exclude))
     })
 }
 
 /// Replays each trace (MetaSchedule trace JSON, postprocessing included) on the program and
-/// extracts MetaSchedule's per-store features, 164 float32 values per stored buffer, in
-/// parallel. Returns every row in one native-endian float32 buffer and the number of rows of
-/// each candidate; `fastsearch.features` turns them into arrays without copying.
+/// extracts MetaSchedule's per-store features in parallel: one `(n_stores, 164)` float32 array
+/// per trace, rows in PerStoreFeature's order.
 #[pyfunction]
-fn extract_features(
-    py: Python<'_>,
+fn extract_features<'py>(
+    py: Python<'py>,
     program_json: String,
     trace_jsons: Vec<String>,
-) -> PyResult<(Py<PyBytes>, Vec<usize>)> {
+) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
     let (data, counts) = guarded(py, "extract_features", move || {
         fastsearch_core::features::extract_from_json(&program_json, &trace_jsons)
     })?;
-    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_ne_bytes()).collect();
-    Ok((PyBytes::new(py, &bytes).unbind(), counts))
+    let n = fastsearch_core::features::N_FEATURES;
+    let mut out = Vec::with_capacity(counts.len());
+    let mut start = 0;
+    for rows in counts {
+        let end = start + rows * n;
+        out.push(PyArray1::from_slice(py, &data[start..end]).reshape([rows, n])?);
+        start = end;
+    }
+    Ok(out)
+}
+
+fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
+    jsons
+        .iter()
+        .map(|j| serde_json::from_str(j).map_err(|e| Error::Malformed(format!("genome JSON: {e}"))))
+        .collect()
+}
+
+fn genome_json(g: &Genome) -> String {
+    serde_json::to_string(g).unwrap_or_default()
+}
+
+/// Like `sample_sketches`, with each candidate's genome (JSON) next to its key.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new()))]
+fn sample_genomes(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    n: usize,
+    seed: u64,
+    exclude: Vec<String>,
+) -> PyResult<Vec<(String, String)>> {
+    guarded(py, "sample_genomes", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let exclude: HashSet<String> = exclude.into_iter().collect();
+        Ok(sketch::sample_genomes(&program, &target, n, seed, &exclude)
+            .into_iter()
+            .map(|(k, g)| (k, genome_json(&g)))
+            .collect())
+    })
+}
+
+/// The analytical model's scores (higher is better) of candidates given as genome JSON.
+#[pyfunction]
+fn analytical_scores(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    genomes: Vec<String>,
+) -> PyResult<Vec<f64>> {
+    guarded(py, "analytical_scores", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let genomes = parse_genomes(&genomes)?;
+        Ok(analytical::score(&program, &space, &genomes, &target))
+    })
+}
+
+/// Proposes `n` unmeasured candidates with the search `strategy` ("evolutionary" or
+/// "annealing"), scored by the analytical model. `measured` maps keys of measured candidates
+/// to their latency; `seeds` are genomes (JSON) of the best measured, best first.
+/// Returns `(key, genome JSON, score)` triples, best predicted first.
+#[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0))]
+#[allow(clippy::too_many_arguments)]
+fn propose(
+    py: Python<'_>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    strategy: String,
+    n: usize,
+    seed: u64,
+    measured: HashMap<String, f64>,
+    seeds: Vec<String>,
+    population: Option<usize>,
+    generations: Option<usize>,
+    model_json: Option<String>,
+    model_weight: f64,
+) -> PyResult<Vec<(String, String, f64)>> {
+    guarded(py, "propose", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let seeds = parse_genomes(&seeds)?;
+        let ctx = SearchContext {
+            program: &program,
+            space: &space,
+            target: &target,
+            measured: &measured,
+        };
+        let forest = model_json.as_deref().map(Forest::from_json).transpose()?;
+        let scorer = HybridScorer::new(
+            &program,
+            &space,
+            &target,
+            forest,
+            model_weight,
+            seeds.first(),
+        );
+        let proposals = match strategy.as_str() {
+            "evolutionary" => {
+                let mut config = EvolutionConfig::default();
+                if let Some(p) = population {
+                    config.population = p;
+                }
+                if let Some(g) = generations {
+                    config.generations = g;
+                }
+                evolve(&ctx, &scorer, &seeds, n, &config, seed)
+            }
+            "annealing" => {
+                let mut config = AnnealingConfig::default();
+                if let Some(p) = population {
+                    config.chains = p;
+                }
+                if let Some(g) = generations {
+                    config.steps = g;
+                }
+                anneal(&ctx, &scorer, &seeds, n, &config, seed)
+            }
+            other => {
+                return Err(Error::Malformed(format!(
+                    "unknown search strategy `{other}`"
+                )))
+            }
+        };
+        Ok(proposals
+            .into_iter()
+            .map(|p| (p.key, genome_json(&p.genome), p.score))
+            .collect())
+    })
+}
+
+/// The sketch-level features of candidates (genome JSON), one row each: `(n, SKETCH_FEATURES)`.
+#[pyfunction]
+fn sketch_feature_rows<'py>(
+    py: Python<'py>,
+    program_json: String,
+    num_cores: i64,
+    vector_bytes: i64,
+    genomes: Vec<String>,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let (rows, n) = guarded(py, "sketch_feature_rows", move || {
+        let program = Program::from_json(&program_json)?;
+        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let space = SketchSpace::new(&program);
+        let genomes = parse_genomes(&genomes)?;
+        let rows: Vec<f32> = genomes
+            .par_iter()
+            .flat_map_iter(|g| sketch_features(&program, &space, g, &target))
+            .collect();
+        Ok((rows, genomes.len()))
+    })?;
+    // The Vec moves into the array: no copy.
+    PyArray1::from_vec(py, rows).reshape([n, SKETCH_FEATURES])
+}
+
+/// Margins of an XGBoost model (booster JSON) on feature rows, evaluated in Rust.
+#[pyfunction]
+fn forest_predict(
+    py: Python<'_>,
+    model_json: String,
+    rows: PyReadonlyArray2<'_, f32>,
+) -> PyResult<Vec<f32>> {
+    let width = rows.shape()[1];
+    let data: Vec<f32> = rows.as_array().iter().copied().collect();
+    guarded(py, "forest_predict", move || {
+        Ok(Forest::from_json(&model_json)?.predict(&data, width))
+    })
 }
 
 #[pymodule]
@@ -163,6 +340,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
     m.add_function(wrap_pyfunction!(extract_features, m)?)?;
+    m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
+    m.add_function(wrap_pyfunction!(analytical_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(propose, m)?)?;
+    m.add_function(wrap_pyfunction!(sketch_feature_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(forest_predict, m)?)?;
+    m.add(
+        "SKETCH_FEATURE_NAMES",
+        fastsearch_core::model::sketch_features::SKETCH_FEATURE_NAMES.to_vec(),
+    )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

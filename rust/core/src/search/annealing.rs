@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use rayon::prelude::*;
 
-use super::{fill_random, keys, Proposal, Scorer, SearchContext};
+use super::{fill_random, identity, pick, Proposal, Scorer, SearchContext};
 use crate::rng::Rng;
 use crate::sketch::{mutate, Genome};
 
@@ -46,14 +46,14 @@ pub fn anneal(
         })
         .collect();
     let mut scores = scorer.score(ctx.program, ctx.space, &states);
-    let mut visited: HashMap<String, (Genome, f64, usize)> = HashMap::new();
-    let record =
-        |gs: &[Genome], ss: &[f64], visited: &mut HashMap<String, (Genome, f64, usize)>| {
-            for (k, (g, s)) in keys(ctx, gs).into_iter().zip(gs.iter().zip(ss)) {
-                let next = visited.len();
-                visited.entry(k).or_insert((g.clone(), *s, next));
-            }
-        };
+    // Every state visited, by identity, with its score and order of first visit.
+    let mut visited: HashMap<u64, (Genome, f64, usize)> = HashMap::new();
+    let record = |gs: &[Genome], ss: &[f64], visited: &mut HashMap<u64, (Genome, f64, usize)>| {
+        for (g, s) in gs.iter().zip(ss) {
+            let next = visited.len();
+            visited.entry(identity(g)).or_insert((g.clone(), *s, next));
+        }
+    };
     record(&states, &scores, &mut visited);
     // Temperatures are relative to the spread of scores, so any score scale works.
     let spread = {
@@ -81,18 +81,15 @@ pub fn anneal(
             }
         }
     }
-    let mut ranked: Vec<(String, Genome, f64, usize)> = visited
-        .into_iter()
-        .map(|(k, (g, s, order))| (k, g, s, order))
-        .collect();
-    ranked.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.3.cmp(&b.3)));
+    let mut ranked: Vec<(Genome, f64, usize)> = visited.into_values().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)));
     let mut taken = HashSet::new();
-    let mut out: Vec<Proposal> = ranked
-        .into_iter()
-        .filter(|(k, ..)| !ctx.measured.contains_key(k) && taken.insert(k.clone()))
-        .take(n)
-        .map(|(key, genome, score, _)| Proposal { key, genome, score })
-        .collect();
+    let mut out = pick(
+        ctx,
+        ranked.into_iter().map(|(g, s, _)| (g, s)),
+        n,
+        &mut taken,
+    );
     fill_random(ctx, &mut out, &mut taken, n, seed);
     out
 }

@@ -4,7 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use rayon::prelude::*;
 
-use super::{fill_random, keys, Proposal, Scorer, SearchContext};
+use super::{fill_random, identity, pick, Proposal, Scorer, SearchContext};
 use crate::rng::Rng;
 use crate::sketch::{crossover, mutate, Genome};
 
@@ -44,6 +44,36 @@ fn selection_weights(scores: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// Every candidate seen in a search with its score, in order of first appearance.
+#[derive(Default)]
+struct Seen {
+    index: HashMap<u64, usize>,
+    entries: Vec<(Genome, f64)>,
+}
+
+impl Seen {
+    /// Scores the genomes not seen before (in one batch) and returns the scores of all.
+    fn score(&mut self, ctx: &SearchContext<'_>, scorer: &dyn Scorer, pop: &[Genome]) -> Vec<f64> {
+        let ids: Vec<u64> = pop.par_iter().map(identity).collect();
+        let mut fresh: Vec<usize> = Vec::new();
+        let mut batch_ids: HashSet<u64> = HashSet::new();
+        for (i, id) in ids.iter().enumerate() {
+            if !self.index.contains_key(id) && batch_ids.insert(*id) {
+                fresh.push(i);
+            }
+        }
+        let batch: Vec<Genome> = fresh.iter().map(|&i| pop[i].clone()).collect();
+        let scores = scorer.score(ctx.program, ctx.space, &batch);
+        for ((g, s), &i) in batch.into_iter().zip(scores).zip(&fresh) {
+            self.index.insert(ids[i], self.entries.len());
+            self.entries.push((g, s));
+        }
+        ids.iter()
+            .map(|id| self.entries[self.index[id]].1)
+            .collect()
+    }
+}
+
 /// Proposes up to `n` unmeasured candidates, best predicted first, with an epsilon share of
 /// random ones. `seeds` are measured genomes to start from (best first).
 pub fn evolve(
@@ -66,28 +96,8 @@ pub fn evolve(
         .collect();
     population.extend(fresh);
 
-    // Every candidate seen, with its score; the output is picked from these.
-    let mut seen: HashMap<String, (Genome, f64)> = HashMap::new();
-    let mut order: Vec<String> = Vec::new();
-    let mut score_new = |pop: &[Genome], seen: &mut HashMap<String, (Genome, f64)>| -> Vec<f64> {
-        let ks = keys(ctx, pop);
-        let mut todo: Vec<usize> = Vec::new();
-        let mut first: HashSet<&str> = HashSet::new();
-        for (i, k) in ks.iter().enumerate() {
-            if !seen.contains_key(k) && first.insert(k) {
-                todo.push(i);
-            }
-        }
-        let batch: Vec<Genome> = todo.iter().map(|&i| pop[i].clone()).collect();
-        let scores = scorer.score(ctx.program, ctx.space, &batch);
-        for (&i, s) in todo.iter().zip(scores) {
-            seen.insert(ks[i].clone(), (pop[i].clone(), s));
-            order.push(ks[i].clone());
-        }
-        ks.iter().map(|k| seen[k].1).collect()
-    };
-
-    let mut scores = score_new(&population, &mut seen);
+    let mut seen = Seen::default();
+    let mut scores = seen.score(ctx, scorer, &population);
     for generation in 0..config.generations {
         let weights = selection_weights(&scores);
         let gen_seed = seed ^ ((generation as u64 + 1) << 48);
@@ -105,53 +115,38 @@ pub fn evolve(
                 mutate(a, ctx.target, &mut rng)
             })
             .collect();
-        let child_scores = score_new(&children, &mut seen);
-        // Keep the best of parents and children (elitism), unique by key.
+        let child_scores = seen.score(ctx, scorer, &children);
+        // Keep the best of parents and children (elitism), unique; stable sort keeps ties in order.
         let mut merged: Vec<(Genome, f64)> = population
             .into_iter()
             .zip(scores)
             .chain(children.into_iter().zip(child_scores))
             .collect();
         merged.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let mut kept_keys = HashSet::new();
-        let merged_keys = keys(
-            ctx,
-            &merged.iter().map(|(g, _)| g.clone()).collect::<Vec<_>>(),
-        );
-        let mut next_pop = Vec::with_capacity(pop_size);
-        let mut next_scores = Vec::with_capacity(pop_size);
-        for ((g, s), k) in merged.into_iter().zip(merged_keys) {
-            if next_pop.len() == pop_size {
-                break;
-            }
-            if kept_keys.insert(k) {
-                next_pop.push(g);
-                next_scores.push(s);
-            }
-        }
+        let mut kept = HashSet::new();
+        let (next_pop, next_scores): (Vec<Genome>, Vec<f64>) = merged
+            .into_iter()
+            .filter(|(g, _)| kept.insert(identity(g)))
+            .take(pop_size)
+            .unzip();
         population = next_pop;
         scores = next_scores;
     }
 
     // Best predicted unmeasured candidates; ties broken by first appearance (deterministic).
-    let mut ranked: Vec<(usize, &String)> = order.iter().enumerate().collect();
-    ranked.sort_by(|a, b| seen[b.1].1.total_cmp(&seen[a.1].1).then(a.0.cmp(&b.0)));
+    let mut ranked: Vec<(usize, f64)> = seen
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, (_, s))| (i, *s))
+        .collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let n_random = ((n as f64) * config.epsilon).round() as usize;
-    let mut out: Vec<Proposal> = Vec::with_capacity(n);
     let mut taken: HashSet<String> = HashSet::new();
-    for (_, k) in ranked {
-        if out.len() + n_random >= n {
-            break;
-        }
-        if !ctx.measured.contains_key(k) && taken.insert(k.clone()) {
-            let (g, s) = &seen[k];
-            out.push(Proposal {
-                key: k.clone(),
-                genome: g.clone(),
-                score: *s,
-            });
-        }
-    }
+    let best = ranked
+        .into_iter()
+        .map(|(i, s)| (seen.entries[i].0.clone(), s));
+    let mut out = pick(ctx, best, n.saturating_sub(n_random), &mut taken);
     fill_random(ctx, &mut out, &mut taken, n, seed);
     out
 }

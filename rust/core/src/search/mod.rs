@@ -12,8 +12,6 @@ pub mod evolution;
 
 use std::collections::{HashMap, HashSet};
 
-use rayon::prelude::*;
-
 use crate::program::Program;
 use crate::sketch::{emit, CpuTarget, Genome, SketchSpace};
 
@@ -48,12 +46,38 @@ pub struct Proposal {
     pub score: f64,
 }
 
-/// Keys of genomes, computed in parallel.
-pub(crate) fn keys(ctx: &SearchContext<'_>, genomes: &[Genome]) -> Vec<String> {
-    genomes
-        .par_iter()
-        .map(|g| emit(ctx.program, ctx.space, g).to_string())
-        .collect()
+/// Key of a proposal: the trace JSON, which is what the database and Python deduplicate on.
+pub(crate) fn trace_key(ctx: &SearchContext<'_>, genome: &Genome) -> String {
+    emit(ctx.program, ctx.space, genome).to_string()
+}
+
+/// A cheap identity for genomes inside a search: a genome determines its trace, so equal
+/// hashes stand for equal candidates without emitting any JSON.
+pub(crate) fn identity(genome: &Genome) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    genome.hash(&mut h);
+    h.finish()
+}
+
+/// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
+pub(crate) fn pick(
+    ctx: &SearchContext<'_>,
+    ranked: impl IntoIterator<Item = (Genome, f64)>,
+    n: usize,
+    taken: &mut HashSet<String>,
+) -> Vec<Proposal> {
+    let mut out = Vec::with_capacity(n);
+    for (genome, score) in ranked {
+        if out.len() >= n {
+            break;
+        }
+        let key = trace_key(ctx, &genome);
+        if !ctx.measured.contains_key(&key) && taken.insert(key.clone()) {
+            out.push(Proposal { key, genome, score });
+        }
+    }
+    out
 }
 
 /// Tops `out` up to `n` with random unmeasured draws (exploration, or a search that ran out).
@@ -69,7 +93,7 @@ pub(crate) fn fill_random(
     while out.len() < n && attempts < n * 20 + 100 {
         attempts += 1;
         let genome = ctx.space.draw(ctx.program, ctx.target, &mut rng);
-        let key = emit(ctx.program, ctx.space, &genome).to_string();
+        let key = trace_key(ctx, &genome);
         if !ctx.measured.contains_key(&key) && taken.insert(key.clone()) {
             out.push(Proposal {
                 key,

@@ -31,6 +31,22 @@ use crate::rng::Rng;
 #[derive(Clone, Debug)]
 pub struct CpuTarget {
     pub num_cores: i64,
+    /// SIMD register width in bytes (32 for AVX2, 64 for AVX-512): what the cost model assumes.
+    pub vector_bytes: i64,
+}
+
+impl CpuTarget {
+    pub fn new(num_cores: i64) -> Self {
+        CpuTarget {
+            num_cores: num_cores.max(1),
+            vector_bytes: 32,
+        }
+    }
+
+    pub fn with_vector_bytes(mut self, bytes: i64) -> Self {
+        self.vector_bytes = bytes.clamp(8, 256);
+        self
+    }
 }
 
 /// Largest innermost tile factor, as in MetaSchedule's CPU multi-level tiling.
@@ -41,7 +57,7 @@ pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
 pub const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
 
 /// The structural rule chosen for one block.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Rule {
     Inline,
     /// Multi-level tiling; `cache` says where results are written back.
@@ -59,7 +75,7 @@ pub enum Rule {
     Root,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WriteCache {
     None,
     Global,
@@ -68,7 +84,7 @@ pub enum WriteCache {
 
 /// Everything that decides one candidate: the rule of each block, its tile sizes and the
 /// annotations. [`emit`] turns it into a trace; mutation and crossover work on it directly.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Genome {
     pub rules: BTreeMap<usize, Rule>,
     /// Per tiled block, the factors of each of its loops (outermost first); per rfactored
@@ -106,7 +122,7 @@ impl SketchSpace {
         SketchSpace { infos, inlined }
     }
 
-    fn info(&self, block: usize) -> &BlockInfo {
+    pub fn info(&self, block: usize) -> &BlockInfo {
         self.infos
             .iter()
             .find(|i| i.block == block)
@@ -457,9 +473,6 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
 }
 
 /// Draws up to `n` distinct candidates (trace JSON strings) not in `exclude`.
-///
-/// Candidate `i` is drawn with its own generator derived from `(seed, i)` and results are kept
-/// in index order, so the answer does not depend on the number of threads.
 pub fn sample(
     program: &Program,
     target: &CpuTarget,
@@ -467,6 +480,23 @@ pub fn sample(
     seed: u64,
     exclude: &HashSet<String>,
 ) -> Vec<String> {
+    sample_genomes(program, target, n, seed, exclude)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// Draws up to `n` distinct candidates not in `exclude`, with their genomes.
+///
+/// Candidate `i` is drawn with its own generator derived from `(seed, i)` and results are kept
+/// in index order, so the answer does not depend on the number of threads.
+pub fn sample_genomes(
+    program: &Program,
+    target: &CpuTarget,
+    n: usize,
+    seed: u64,
+    exclude: &HashSet<String>,
+) -> Vec<(String, Genome)> {
     let space = SketchSpace::new(program);
     let mut out = Vec::with_capacity(n);
     let mut seen: HashSet<String> = HashSet::new();
@@ -475,21 +505,21 @@ pub fn sample(
     let max_draws = (n as u64).saturating_mul(20).max(256);
     while out.len() < n && next < max_draws {
         let batch = ((n - out.len()) as u64 * 2).clamp(16, 4096);
-        let drawn: Vec<String> = (next..next + batch)
+        let drawn: Vec<(String, Genome)> = (next..next + batch)
             .into_par_iter()
             .map(|i| {
                 let mut rng = Rng::derive(seed, i);
                 let genome = space.draw(program, target, &mut rng);
-                emit(program, &space, &genome).to_string()
+                (emit(program, &space, &genome).to_string(), genome)
             })
             .collect();
         next += batch;
-        for trace in drawn {
+        for (trace, genome) in drawn {
             if out.len() == n {
                 break;
             }
             if !exclude.contains(&trace) && seen.insert(trace.clone()) {
-                out.push(trace);
+                out.push((trace, genome));
             }
         }
     }

@@ -1,0 +1,216 @@
+"""Command line: ``fastsearch tune`` on a built-in workload, ``fastsearch workloads`` to list them.
+
+Built-in workloads are MetaSchedule's ``te_workload`` families (GMM, C2D, ...), each with a few
+shapes: ``--workload GMM:2`` picks shape 2 of GMM, ``--small`` the one with the fewest FLOPs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastsearch.errors import FastsearchError, UnsupportedWorkload
+from fastsearch.measure import MeasureConfig
+from fastsearch.progress import format_latency
+
+__all__ = ["BuiltinWorkload", "list_workloads", "load_workload", "main", "summary", "workload_flops"]
+
+
+def _te_workload() -> Any:
+    from tvm.s_tir.meta_schedule.testing import te_workload
+
+    return te_workload
+
+
+def list_workloads() -> dict[str, list[tuple]]:
+    """Family name -> list of shape arguments, as in MetaSchedule's ``te_workload.CONFIGS``."""
+    return {name: [tuple(args) for args in cfg[1]] for name, cfg in _te_workload().CONFIGS.items()}
+
+
+def workload_flops(func: Any) -> float | None:
+    """Floating-point operations of one call of a PrimFunc, when TVM can count them."""
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001  (FLOPs are only informative)
+        return None
+
+
+@dataclass(frozen=True)
+class BuiltinWorkload:
+    """A built-in workload: family, shape index, shape arguments and the PrimFunc."""
+
+    family: str
+    index: int
+    shape: tuple
+    func: Any
+
+    @property
+    def name(self) -> str:
+        """``FAMILY_INDEX``, the default work-directory name."""
+        return f"{self.family}_{self.index}"
+
+
+def load_workload(spec: str, shape_index: int | None = None, small: bool = False) -> BuiltinWorkload:
+    """Resolve ``FAMILY[:INDEX]`` to a workload; ``small`` picks the family's fewest-FLOPs shape."""
+    family, _, idx_text = spec.partition(":")
+    configs = list_workloads()
+    match = {k.lower(): k for k in configs}.get(family.lower())
+    if match is None:
+        raise UnsupportedWorkload(
+            f"unknown workload {family!r}; built-in workloads: {', '.join(configs)} "
+            "(see `fastsearch workloads`)"
+        )
+    shapes = configs[match]
+    if idx_text:
+        if shape_index is not None or small:
+            raise UnsupportedWorkload(f"{spec!r} names a shape index; drop --shape-index/--small")
+        try:
+            shape_index = int(idx_text)
+        except ValueError:
+            raise UnsupportedWorkload(f"bad shape index {idx_text!r} in {spec!r}") from None
+    if small:
+        flops = [workload_flops(_create(match, i)) or float("inf") for i in range(len(shapes))]
+        shape_index = min(range(len(shapes)), key=lambda i: flops[i])
+    if shape_index is None:
+        shape_index = 0
+    if not 0 <= shape_index < len(shapes):
+        raise UnsupportedWorkload(
+            f"workload {match} has shapes 0..{len(shapes) - 1}, not {shape_index} (see `fastsearch workloads`)"
+        )
+    return BuiltinWorkload(match, shape_index, shapes[shape_index], _create(match, shape_index))
+
+
+def _create(family: str, index: int) -> Any:
+    try:
+        return _te_workload().create_te_workload(family, index)
+    except Exception as exc:  # TVM raises assorted errors for workloads it no longer supports
+        raise UnsupportedWorkload(f"TVM cannot create workload {family}:{index}: {exc}") from exc
+
+
+def _cmd_workloads(_args: argparse.Namespace) -> int:
+    print(f"{'workload':<16} {'shape arguments':<50} {'GFLOP':>10}")
+    for name, shapes in list_workloads().items():
+        for i, args in enumerate(shapes):
+            try:
+                flops = workload_flops(_create(name, i))
+                gflop = f"{flops / 1e9:.3f}" if flops else "-"
+            except UnsupportedWorkload:
+                gflop = "unavailable in this TVM"
+            print(f"{name + ':' + str(i):<16} {args!s:<50} {gflop:>10}")
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from fastsearch.tune import tune
+
+    wl = load_workload(args.workload, args.shape_index, args.small)
+    measure = MeasureConfig(
+        number=args.number,
+        repeat=args.repeat,
+        min_repeat_ms=args.min_repeat_ms,
+        enable_cpu_cache_flush=args.cache_flush,
+        build_workers=args.build_workers,
+    )
+    print(
+        f"tuning {wl.name} {wl.shape}: {args.trials} trials, {args.strategy} search, seed {args.seed}",
+        file=sys.stderr,
+    )
+    result = tune(
+        wl.func,
+        args.target,
+        trials=args.trials,
+        seed=args.seed,
+        work_dir=args.work_dir,
+        strategy=args.strategy,
+        batch_size=args.batch_size,
+        measure=measure,
+        verify=not args.no_verify,
+        progress=not args.no_progress,
+        name=wl.name,
+    )
+    print(summary(wl.name, wl.shape, result, workload_flops(wl.func)))
+    if args.history:
+        print(f"history      {result.write_history(args.history)}")
+    return 0
+
+
+def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -> str:
+    """The final report of a tuning run: best latency, GFLOP/s, time breakdown, database."""
+    lines = [f"workload     {name} {tuple(shape)}", f"target       {result.target}"]
+    lat = result.best_latency_us
+    lines.append(f"best         {format_latency(lat)}")
+    if flops and lat:
+        lines.append(f"GFLOP/s      {flops / (lat * 1e-6) / 1e9:.2f}")
+    stored = sum(t.trials_stored for t in result.tasks.values())
+    lines.append(
+        f"trials       {result.trials_measured} measured this run ({result.failed} failed), "
+        f"{stored} already stored"
+    )
+    t = result.timing
+    parts = ", ".join(
+        f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
+    )
+    lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
+    lines.append(f"database     {result.database.path}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastsearch", description="Auto-tune TVM tensor programs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("workloads", help="list the built-in workloads and their shapes")
+
+    p = sub.add_parser("tune", help="tune a built-in workload")
+    p.add_argument("--workload", required=True, help="FAMILY[:SHAPE_INDEX], e.g. GMM or GMM:2")
+    p.add_argument("--shape-index", type=int, default=None, help="shape index within the family")
+    p.add_argument("--small", action="store_true", help="the family's shape with the fewest FLOPs")
+    p.add_argument("--trials", type=int, default=64, help="candidates to measure (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", default=None, help="database directory (default ./fastsearch_work/NAME)")
+    p.add_argument("--target", default=None, help='"llvm" (this CPU, default) or a target JSON dict')
+    p.add_argument(
+        "--strategy",
+        default="evolutionary",
+        choices=["random", "evolutionary", "annealing"],
+        help="random sketch sampling, or model-guided evolutionary search / simulated annealing",
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="candidates per measured batch")
+    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
+    p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
+    p.add_argument("--min-repeat-ms", type=int, default=40)
+    p.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
+    p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
+    p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fastsearch`` command."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "workloads":
+            return _cmd_workloads(args)
+        if args.trials < 1:
+            raise SystemExit("fastsearch: error: --trials must be at least 1")
+        return _cmd_tune(args)
+    except FastsearchError as exc:
+        print(f"fastsearch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # e.g. `fastsearch workloads | head`
+        return 0
+    except KeyboardInterrupt:
+        print("fastsearch: interrupted; the database keeps every finished batch", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

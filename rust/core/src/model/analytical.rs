@@ -1,0 +1,293 @@
+//! An analytical cost model for the cold start: before any measurement exists, candidates are
+//! ranked by an estimate of their run time from arithmetic, bytes moved per cache level,
+//! parallelism and vectorization.
+//!
+//! It reads a candidate at the level of its sketch (rules, tile sizes, annotations), where the
+//! loop structure after MetaSchedule's postprocessors is known in closed form: the leading
+//! spatial loops are fused and parallelized up to the parallel limit, the innermost spatial
+//! loop is vectorized up to the vectorize limit.
+
+use std::collections::BTreeSet;
+
+use crate::program::{Expr, IterKind, OpCounts, Program};
+use crate::sketch::{CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES};
+
+/// Cache sizes and bandwidths of a typical x86 core, in bytes and bytes per cycle.
+const L1_BYTES: f64 = 48.0 * 1024.0;
+const L2_BYTES: f64 = 1024.0 * 1024.0;
+const L1_BW: f64 = 128.0;
+const L2_BW: f64 = 48.0;
+const MEM_BW: f64 = 8.0;
+/// Share of the modelled memory traffic that is not hidden behind computation.
+const MEMORY_WEIGHT: f64 = 0.1;
+/// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
+const VECTOR_REGISTERS: f64 = 32.0;
+
+/// One loop of a modelled nest: the iteration variable it walks and its extent.
+#[derive(Clone, Copy, Debug)]
+struct LoopDim {
+    var: usize,
+    extent: f64,
+    spatial: bool,
+}
+
+/// Iteration variables each read of the block depends on, and its bytes per element.
+fn read_vars(program: &Program, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
+    let b = &program.blocks[block];
+    b.reads
+        .iter()
+        .map(|r| {
+            let mut vars = BTreeSet::new();
+            for (min, _) in &r.region {
+                min.visit(&mut |e| {
+                    if let Expr::Var(n) = e {
+                        if let Some(i) = b.iter_vars.iter().position(|v| v.name == *n) {
+                            vars.insert(i);
+                        }
+                    }
+                });
+            }
+            (vars, program.buffers[r.buffer].element_bytes() as f64)
+        })
+        .collect()
+}
+
+/// Elements of each read touched by the loops `inner`, and bytes moved into the cache that
+/// holds them while the loops `outer` run (classic reuse: trailing outer loops that do not
+/// index a read reuse its footprint).
+fn traffic(reads: &[(BTreeSet<usize>, f64)], outer: &[LoopDim], inner: &[LoopDim]) -> (f64, f64) {
+    let mut footprint = 0.0;
+    let mut moved = 0.0;
+    for (vars, bytes) in reads {
+        let fp: f64 = inner
+            .iter()
+            .filter(|l| vars.contains(&l.var))
+            .map(|l| l.extent)
+            .product::<f64>()
+            * bytes;
+        let mut trips = 1.0;
+        let mut reused = true;
+        for l in outer.iter().rev() {
+            if reused && !vars.contains(&l.var) {
+                continue;
+            }
+            reused = false;
+            trips *= l.extent;
+        }
+        footprint += fp;
+        moved += fp * trips;
+    }
+    (footprint, moved)
+}
+
+/// Parallel efficiency of fusing the leading spatial loops up to `limit` jobs on `cores`.
+fn parallel_efficiency(nest: &[LoopDim], limit: i64, cores: i64) -> f64 {
+    let mut jobs = 1.0;
+    for l in nest {
+        if !l.spatial || jobs * l.extent > limit as f64 {
+            break;
+        }
+        jobs *= l.extent;
+    }
+    let c = cores as f64;
+    let waves = (jobs / c).ceil();
+    jobs / (waves * c)
+}
+
+/// Vector efficiency of the innermost loop, and whether it is the output's contiguous axis.
+fn vector_efficiency(
+    inner: Option<&LoopDim>,
+    contiguous_var: Option<usize>,
+    limit: i64,
+    lanes: f64,
+) -> f64 {
+    match inner {
+        Some(l) if l.spatial && l.extent <= limit as f64 && l.extent > 1.0 => {
+            let eff = l.extent / (lanes * (l.extent / lanes).ceil());
+            if Some(l.var) == contiguous_var {
+                eff
+            } else {
+                // Vectorized along a strided axis: gathers and scatters.
+                eff * 0.25
+            }
+        }
+        _ => 1.0 / lanes,
+    }
+}
+
+/// What the model works out for one block of a candidate; also the learned model's features.
+#[derive(Clone, Debug, Default)]
+pub struct BlockEstimate {
+    pub flops: f64,
+    pub cycles: f64,
+    pub compute_cycles: f64,
+    pub memory_cycles: f64,
+    pub parallel_efficiency: f64,
+    pub vector_efficiency: f64,
+    /// Extent of the innermost loop, and whether it is the output's contiguous axis.
+    pub inner_extent: f64,
+    pub inner_contiguous: bool,
+    /// Accumulators of the register tile (spatial extents of the innermost tile level).
+    pub accumulators: f64,
+    /// Bytes of reads touched by the L2-level and L1-level tiles, and bytes moved into them.
+    pub l2_footprint: f64,
+    pub l1_footprint: f64,
+    pub l2_moved: f64,
+    pub l1_moved: f64,
+    /// Products of the tile factors of each SSRSRS level (spatial 0..4, then reduction 0..2).
+    pub level_extents: [f64; 6],
+}
+
+/// Estimates one block under its rule.
+pub fn estimate_block(
+    program: &Program,
+    genome: &Genome,
+    block: usize,
+    target: &CpuTarget,
+) -> BlockEstimate {
+    let b = &program.blocks[block];
+    let ops = OpCounts::of_block(program, b);
+    let iterations: f64 = b.iter_vars.iter().map(|v| v.extent as f64).product();
+    let flops = iterations * (ops.float_ops().max(1) as f64);
+    let lanes = (target.vector_bytes / 4).max(1) as f64;
+    let reads = read_vars(program, block);
+    // The output's last index names the axis along which stores are contiguous.
+    let contiguous_var = b
+        .body
+        .first()
+        .and_then(|s| s.indices.last())
+        .and_then(|e| match e {
+            Expr::Var(n) => b.iter_vars.iter().position(|v| v.name == *n),
+            _ => None,
+        });
+    let unroll_bonus = match UNROLL_CANDIDATES.get(genome.unroll) {
+        Some(0) | None => 1.0,
+        Some(u) if *u <= 64 => 0.9,
+        _ => 0.95,
+    };
+    let cores = target.num_cores as f64;
+    let mut e = BlockEstimate {
+        flops,
+        ..Default::default()
+    };
+    match (genome.rules.get(&block), genome.tiles.get(&block)) {
+        (Some(Rule::Tile { cache, .. }), Some(tiles)) => {
+            let mut levels: Vec<Vec<LoopDim>> = vec![Vec::new(); 6];
+            // SSRSRS: S0 S1 R0 S2 R1 S3, each level holding one loop per axis of its kind.
+            for (var, (iv, factors)) in b.iter_vars.iter().zip(tiles).enumerate() {
+                let spatial = iv.kind == IterKind::Spatial;
+                let slots: &[usize] = if spatial { &[0, 1, 3, 5] } else { &[2, 4] };
+                for (slot, f) in slots.iter().zip(factors) {
+                    levels[*slot].push(LoopDim {
+                        var,
+                        extent: *f as f64,
+                        spatial,
+                    });
+                }
+            }
+            // Report levels as S0 S1 S2 S3 R0 R1.
+            for (i, slot) in [0, 1, 3, 5, 2, 4].iter().enumerate() {
+                e.level_extents[i] = levels[*slot].iter().map(|l| l.extent).product();
+            }
+            let nest: Vec<LoopDim> = levels.concat();
+            let n_outer2 = levels[0].len() + levels[1].len();
+            let n_outer1 = n_outer2 + levels[2].len();
+            (e.l2_footprint, e.l2_moved) = traffic(&reads, &nest[..n_outer2], &nest[n_outer2..]);
+            (e.l1_footprint, e.l1_moved) = traffic(&reads, &nest[..n_outer1], &nest[n_outer1..]);
+            let out_bytes = program.buffers[b.writes[0].buffer].element_bytes() as f64;
+            // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
+            e.accumulators = levels[5].iter().map(|l| l.extent).product();
+            let spill = (e.accumulators / lanes / VECTOR_REGISTERS).max(1.0);
+            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
+            let inner = nest.last();
+            e.inner_extent = inner.map_or(1.0, |l| l.extent);
+            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
+            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill;
+            let l1_bw = if e.l2_footprint <= L1_BYTES {
+                L1_BW
+            } else {
+                L2_BW
+            };
+            let outer_bw = if e.l2_footprint <= L2_BYTES {
+                L2_BW
+            } else {
+                MEM_BW
+            };
+            e.memory_cycles = e.l1_moved / l1_bw + e.l2_moved / outer_bw;
+            // Results written back: through a cache stage once per tile, else on every reduction step.
+            let spatial_points: f64 = b
+                .iter_vars
+                .iter()
+                .filter(|v| v.kind == IterKind::Spatial)
+                .map(|v| v.extent as f64)
+                .product();
+            e.memory_cycles += match cache {
+                WriteCache::None => spatial_points * out_bytes * e.level_extents[4] / L1_BW,
+                _ => spatial_points * out_bytes / L2_BW,
+            };
+        }
+        (Some(Rule::Inline), _) => return e,
+        (rule, _) => {
+            let nest: Vec<LoopDim> = b
+                .iter_vars
+                .iter()
+                .enumerate()
+                .map(|(var, iv)| LoopDim {
+                    var,
+                    extent: iv.extent as f64,
+                    spatial: iv.kind == IterKind::Spatial,
+                })
+                .collect();
+            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
+            if let Some(Rule::RFactor { .. }) = rule {
+                // rfactor turns part of the reduction into a parallel spatial axis.
+                e.parallel_efficiency = e.parallel_efficiency.max(0.9);
+            }
+            if let Some(Rule::ComputeAt { .. }) = rule {
+                // Computed inside its consumer: parallel with it, and its result stays in cache.
+                e.parallel_efficiency = e.parallel_efficiency.max(0.8);
+            }
+            let inner = nest.last();
+            e.inner_extent = inner.map_or(1.0, |l| l.extent);
+            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
+            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency);
+            e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
+            e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
+        }
+    }
+    // Prefetching and out-of-order execution hide most of the traffic the reuse model counts:
+    // weighting it by MEMORY_WEIGHT ranks measured CPU kernels best (see BENCHMARKS.md).
+    let memory = MEMORY_WEIGHT * e.memory_cycles;
+    let (hi, lo) = (e.compute_cycles.max(memory), e.compute_cycles.min(memory));
+    e.cycles = (hi + 0.1 * lo) / (e.parallel_efficiency.max(1e-3) * cores) * unroll_bonus;
+    e
+}
+
+/// Estimated cycles of a whole candidate (lower is better).
+pub fn estimate_cycles(
+    program: &Program,
+    space: &SketchSpace,
+    genome: &Genome,
+    target: &CpuTarget,
+) -> f64 {
+    space
+        .infos
+        .iter()
+        .map(|i| estimate_block(program, genome, i.block, target).cycles)
+        .sum()
+}
+
+/// Scores for the search: higher is better (negative log of the estimated cycles).
+pub fn score(
+    program: &Program,
+    space: &SketchSpace,
+    genomes: &[Genome],
+    target: &CpuTarget,
+) -> Vec<f64> {
+    genomes
+        .iter()
+        .map(|g| -estimate_cycles(program, space, g, target).max(1.0).ln())
+        .collect()
+}

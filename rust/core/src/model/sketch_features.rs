@@ -1,0 +1,115 @@
+//! A fixed-length description of a candidate at the level of its sketch, for the learned
+//! cost model: the analytical model's working (tile extents per level, footprints, bytes
+//! moved, parallel and vector efficiency) for the block that dominates its estimated time,
+//! plus the candidate's annotations and rules. Being shape-relative (logs and ratios), it
+//! transfers between workloads of the same kind.
+
+use super::analytical::estimate_block;
+use crate::program::Program;
+use crate::sketch::{CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES};
+
+/// Names of the features, in order.
+pub const SKETCH_FEATURE_NAMES: [&str; 34] = [
+    "log_flops",
+    "log_est_cycles",
+    "log_compute_cycles",
+    "log_memory_cycles",
+    "compute_over_memory",
+    "parallel_efficiency",
+    "vector_efficiency",
+    "log_inner_extent",
+    "inner_contiguous",
+    "log_accumulators",
+    "log_l2_footprint",
+    "log_l1_footprint",
+    "log_l2_moved",
+    "log_l1_moved",
+    "log_s0",
+    "log_s1",
+    "log_s2",
+    "log_s3",
+    "log_r0",
+    "log_r1",
+    "tiled",
+    "cache_none",
+    "cache_global",
+    "cache_fused",
+    "write_level",
+    "log_parallel_limit",
+    "log_vectorize_limit",
+    "log_unroll",
+    "n_inline",
+    "n_tile",
+    "n_rfactor",
+    "n_compute_at",
+    "n_root",
+    "dominant_share",
+];
+
+pub const SKETCH_FEATURES: usize = SKETCH_FEATURE_NAMES.len();
+
+fn lg(x: f64) -> f32 {
+    (x.max(0.0) + 1.0).log2() as f32
+}
+
+pub fn sketch_features(
+    program: &Program,
+    space: &SketchSpace,
+    genome: &Genome,
+    target: &CpuTarget,
+) -> [f32; SKETCH_FEATURES] {
+    let estimates: Vec<_> = space
+        .infos
+        .iter()
+        .map(|i| (i.block, estimate_block(program, genome, i.block, target)))
+        .collect();
+    let total: f64 = estimates.iter().map(|(_, e)| e.cycles).sum();
+    let (block, e) = estimates
+        .iter()
+        .max_by(|a, b| a.1.cycles.total_cmp(&b.1.cycles))
+        .cloned()
+        .unwrap_or_default();
+    let rule = genome.rules.get(&block);
+    let count = |f: fn(&Rule) -> bool| genome.rules.values().filter(|r| f(r)).count() as f32;
+    let (tiled, cache, level) = match rule {
+        Some(Rule::Tile { cache, level }) => (1.0, Some(cache), *level as f32),
+        _ => (0.0, None, 0.0),
+    };
+    let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
+    [
+        lg(e.flops),
+        lg(total),
+        lg(e.compute_cycles),
+        lg(e.memory_cycles),
+        (e.compute_cycles / e.memory_cycles.max(1.0)) as f32,
+        e.parallel_efficiency as f32,
+        e.vector_efficiency as f32,
+        lg(e.inner_extent),
+        e.inner_contiguous as u8 as f32,
+        lg(e.accumulators),
+        lg(e.l2_footprint),
+        lg(e.l1_footprint),
+        lg(e.l2_moved),
+        lg(e.l1_moved),
+        lg(e.level_extents[0]),
+        lg(e.level_extents[1]),
+        lg(e.level_extents[2]),
+        lg(e.level_extents[3]),
+        lg(e.level_extents[4]),
+        lg(e.level_extents[5]),
+        tiled,
+        matches!(cache, Some(WriteCache::None)) as u8 as f32,
+        matches!(cache, Some(WriteCache::Global)) as u8 as f32,
+        matches!(cache, Some(WriteCache::FusedConsumer(_))) as u8 as f32,
+        level,
+        lg(genome.parallel as f64),
+        lg(genome.vectorize as f64),
+        lg(unroll),
+        count(|r| matches!(r, Rule::Inline)),
+        count(|r| matches!(r, Rule::Tile { .. })),
+        count(|r| matches!(r, Rule::RFactor { .. })),
+        count(|r| matches!(r, Rule::ComputeAt { .. })),
+        count(|r| matches!(r, Rule::Root)),
+        (e.cycles / total.max(1e-9)) as f32,
+    ]
+}

@@ -1,0 +1,171 @@
+"""The tuning database: MetaSchedule's JSON format that TVM reads and compiles from, failed
+candidates stored as MetaSchedule stores them, resume keys, and corrupt files reported by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch import DatabaseError
+from fastsearch.database import (
+    FAILED_RUN_SECS,
+    RECORD_FILE,
+    WORKLOAD_FILE,
+    TuningDatabase,
+    candidate_key,
+    is_failed,
+)
+from fastsearch.measure import MeasureConfig, Measurer, compare_outputs, random_arguments, run_function
+from fastsearch.sample import sample_candidates
+from fastsearch.target import resolve_target
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+TARGET = resolve_target(None)
+
+
+@pytest.fixture(scope="module")
+def gmm():
+    return _normalize_mod(te_workload.create_te_workload("GMM", 0))  # (1, 128, 128, 128)
+
+
+@pytest.fixture(scope="module")
+def measured(gmm, tmp_path_factory):
+    """Two fastsearch candidates and one the LLVM backend cannot build, measured and stored."""
+    func = gmm["main"]
+    cands = sample_candidates(func, TARGET, 2, seed=3)
+    impossible = Schedule(gmm)
+    loops = impossible.get_loops(impossible.get_sblock("Z"))
+    impossible.bind(loops[1], "threadIdx.x")  # GPU thread binding on a CPU target
+    schedules = [c.schedule for c in cands] + [impossible]
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    with Measurer(TARGET, MeasureConfig(repeat=3)) as measurer:
+        results = measurer.measure([s.mod for s in schedules], args_info)
+        Measurer.release(results)
+    work = tmp_path_factory.mktemp("db")
+    db = TuningDatabase(work)
+    workload = db.commit_workload(gmm)
+    for sch, res in zip(schedules, results):
+        db.commit(workload, sch.trace, res.run_secs if res.ok else None, TARGET, args_info)
+    return work, schedules, results, [c.key for c in cands]
+
+
+def test_measurer_reports_failures_and_goes_on(measured):
+    _, _, results, _ = measured
+    good, good2, bad = results
+    assert good.ok and good2.ok
+    assert len(good.run_secs) == 3
+    assert 0 < good.min_us <= good.median_us
+    assert not bad.ok and bad.run_secs is None
+    assert "LocalBuilder" in bad.error  # the build error message is kept
+
+
+def test_files_are_metaschedule_json_that_tvm_loads(measured, gmm):
+    work, _, results, _ = measured
+    assert (work / WORKLOAD_FILE).is_file() and (work / RECORD_FILE).is_file()
+    db = ms.database.JSONDatabase(
+        path_workload=str(work / WORKLOAD_FILE), path_tuning_record=str(work / RECORD_FILE)
+    )
+    assert len(db) == 3
+    records = db.get_all_tuning_records()
+    failed = [r for r in records if is_failed([float(s) for s in r.run_secs])]
+    assert len(failed) == 1
+    assert [float(s) for s in failed[0].run_secs] == [FAILED_RUN_SECS]  # MetaSchedule's stub
+    workload = db.commit_workload(gmm)
+    top = db.get_top_k(workload, 5)
+    assert len(top) == 2  # TVM itself skips the failed record
+    best = min((r for r in results if r.ok), key=lambda r: r.mean_us)
+    assert float(top[0].run_secs[0]) == pytest.approx(best.run_secs[0], rel=1e-6)
+
+
+def test_compile_tir_builds_a_correct_kernel_from_the_database(measured, gmm):
+    work, _, _, _ = measured
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    sch = ms.tir_integration.compile_tir(db, gmm["main"], TARGET)
+    assert sch is not None
+    lib = tvm.compile(sch.mod, target=TARGET)
+    x, y, z = random_arguments(ms.arg_info.ArgInfo.from_prim_func(gmm["main"]), seed=1)
+    out = run_function(lib, [x, y, z], tvm.cpu())
+    assert compare_outputs([np.matmul(x, y)], [out[2]]) is None
+
+
+def test_reload_keys_best_and_resume(measured, gmm):
+    work, schedules, results, keys = measured
+    db = TuningDatabase(work)
+    workload = db.commit_workload(gmm)
+    assert len(db.records(workload)) == 3
+    stored = db.measured_keys(workload)
+    assert set(keys) <= stored  # the sampler's keys come back from the stored traces
+    assert candidate_key(schedules[2].trace) in stored
+    assert len(stored) == 3
+    best = db.best(workload)
+    fastest = min((r for r in results if r.ok), key=lambda r: r.mean_us)
+    assert float(best.run_secs[0]) == pytest.approx(fastest.run_secs[0], rel=1e-6)
+    # the sampler never proposes a stored candidate again
+    again = sample_candidates(gmm["main"], TARGET, 4, seed=3, exclude=stored)
+    assert not {c.key for c in again} & stored
+
+
+def _copy(work, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(work, dst)
+    return dst
+
+
+def test_corrupt_record_file_names_the_file(measured, tmp_path):
+    work = _copy(measured[0], tmp_path)
+    path = work / RECORD_FILE
+    lines = path.read_text().splitlines()
+    lines.insert(1, '[0, ["truncated')
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatabaseError, match=str(path)):
+        TuningDatabase(work)
+    assert len(path.read_text().splitlines()) == 4  # nothing stored is touched
+
+
+def test_corrupt_workload_file_names_the_file(measured, tmp_path):
+    work = _copy(measured[0], tmp_path)
+    (work / WORKLOAD_FILE).write_text("garbage{\n")
+    with pytest.raises(DatabaseError, match=str(work / WORKLOAD_FILE)):
+        TuningDatabase(work)
+
+
+def test_record_of_a_missing_workload_is_corrupt(measured, tmp_path):
+    work = _copy(measured[0], tmp_path)
+    path = work / RECORD_FILE
+    row = json.loads(path.read_text().splitlines()[0])
+    row[0] = 7
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    with pytest.raises(DatabaseError, match="workload index 7"):
+        TuningDatabase(work)
+
+
+def test_torn_last_line_of_a_killed_run_is_set_aside(measured, gmm, tmp_path):
+    work = _copy(measured[0], tmp_path)
+    path = work / RECORD_FILE
+    whole = path.read_text()
+    last = whole.splitlines()[-1]
+    path.write_text(whole + last[: len(last) // 2])  # killed in the middle of an append
+    db = TuningDatabase(work)
+    assert len(db.records(db.commit_workload(gmm))) == 3
+    assert path.read_text() == whole
+    assert (work / (RECORD_FILE + ".torn")).read_text() == last[: len(last) // 2] + "\n"
+
+
+def test_a_hanging_candidate_times_out_and_the_runner_goes_on(gmm):
+    """An untuned 1024^3 matmul runs for seconds: past the run timeout it is a failure, and the
+    runner's next candidate still runs."""
+    slow = _normalize_mod(te_workload.create_te_workload("GMM", 3))
+    config = MeasureConfig(run_timeout_s=0.5, min_repeat_ms=1, repeat=1)
+    with Measurer(TARGET, config) as measurer:
+        (hung,) = measurer.measure([slow], ms.arg_info.ArgInfo.from_prim_func(slow["main"]))
+        (fine,) = measurer.measure([gmm], ms.arg_info.ArgInfo.from_prim_func(gmm["main"]))
+        Measurer.release([hung, fine])
+    assert not hung.ok and "Timeout" in hung.error
+    assert fine.ok and fine.mean_us > 0

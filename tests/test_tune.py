@@ -1,0 +1,209 @@
+"""fastsearch.tune end to end on a small GMM: a correct kernel, a database TVM compiles from,
+resume without re-measuring, failed and wrong candidates recorded while the search goes on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch import InvalidTarget, MeasurementError, UnsupportedWorkload
+from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE, TuningDatabase, candidate_key
+from fastsearch.sample import sample_candidates
+from fastsearch.target import resolve_target
+from fastsearch.tune import TuneResult, tune
+from tvm import te
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+TARGET = resolve_target(None)
+
+
+def gmm():
+    return te_workload.create_te_workload("GMM", 0)  # (1, 128, 128, 128)
+
+
+def _check_gmm(result: TuneResult, name: str = "main") -> None:
+    lib = result.compile()
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, (1, 128, 128)).astype("float32")
+    y = rng.uniform(-1, 1, (1, 128, 128)).astype("float32")
+    args = [tvm.runtime.tensor(a) for a in (x, y, np.zeros((1, 128, 128), "float32"))]
+    lib[name](*args)
+    np.testing.assert_allclose(args[2].numpy(), np.matmul(x, y), rtol=1e-4, atol=1e-4)
+
+
+def _stored(work_dir) -> list[list]:
+    return [json.loads(line) for line in (work_dir / RECORD_FILE).read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("gmm")
+    return work, tune(gmm(), TARGET, trials=8, seed=0, work_dir=work, progress=False)
+
+
+def test_tune_finds_a_correct_kernel(first_run):
+    work, result = first_run
+    assert result.trials_measured == 8
+    assert len(result.history) == 8
+    assert result.best_latency_us is not None and result.best_latency_us > 0
+    ok = [h.latency_us for h in result.history if h.ok]
+    assert result.best_latency_us == pytest.approx(min(ok))
+    assert result.history[-1].best_us == pytest.approx(result.best_latency_us)
+    curve = [h.best_us for h in result.history if h.best_us is not None]
+    assert curve == sorted(curve, reverse=True)  # a tuning curve only goes down
+    assert result.best_trace is not None
+    assert result.work_dir == work and result.database.path == work
+    assert {"search", "build", "run", "model", "total"} <= set(result.timing)
+    assert result.timing["build"] > 0 and result.timing["run"] > 0
+    _check_gmm(result)
+
+
+def test_database_is_what_tvm_compiles_from(first_run):
+    work, result = first_run
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    assert len(db) == 8
+    sch = ms.tir_integration.compile_tir(db, gmm(), TARGET)
+    assert sch is not None
+    assert candidate_key(sch.trace) == candidate_key(result.best_trace)
+
+
+def test_resume_continues_without_measuring_again(first_run, tmp_path):
+    work, _ = first_run
+    copy = tmp_path / "resumed"
+    copy.mkdir()
+    for f in work.iterdir():
+        copy.joinpath(f.name).write_bytes(f.read_bytes())
+    again = tune(gmm(), TARGET, trials=12, seed=0, work_dir=copy, progress=False)
+    assert again.trials_measured == 4  # the 8 stored count toward the 12
+    rows = _stored(copy)
+    assert len(rows) == 12
+    db = TuningDatabase(copy)
+    keys = [candidate_key(r.trace) for r in db.records(db.commit_workload(_normalize_mod(gmm())))]
+    assert len(set(keys)) == 12  # nothing measured twice
+    done = tune(gmm(), TARGET, trials=12, seed=0, work_dir=copy, progress=False)
+    assert done.trials_measured == 0 and len(_stored(copy)) == 12
+    assert done.best_latency_us == pytest.approx(again.best_latency_us)
+
+
+def _impossible_trace(func):
+    """A schedule the LLVM backend cannot build (GPU thread binding on a CPU target)."""
+    sch = Schedule(_normalize_mod(func))
+    loops = sch.get_loops(sch.get_sblock("Z"))
+    sch.bind(loops[1], "threadIdx.x")
+    return sch.trace
+
+
+def _imprecise_trace(func):
+    """A schedule that builds and runs fast enough but accumulates in float16: a wrong answer."""
+    sch = Schedule(_normalize_mod(func))
+    block = sch.get_sblock("Z")
+    sch.cache_write(block, 0, "global")
+    sch.unsafe_set_dtype(block, 0, "float16")
+    i = sch.get_loops(block)[1]
+    sch.parallel(i)
+    return sch.trace
+
+
+def test_failed_and_wrong_candidates_are_recorded_and_the_search_goes_on(tmp_path, capfd):
+    func = gmm()
+    rounds: list[int] = []
+
+    def sampler(f, target, n, seed, exclude):
+        rounds.append(n)
+        if len(rounds) == 1:
+            return [_impossible_trace(f), _imprecise_trace(f)]
+        return sample_candidates(f, target, n, seed, exclude)
+
+    result = tune(func, TARGET, trials=5, work_dir=tmp_path, strategy=sampler, batch_size=3)
+    assert result.trials_measured == 5
+    first, second = result.history[0], result.history[1]
+    assert first.error is not None and "LocalBuilder" in first.error
+    assert second.error is not None and second.error.startswith("wrong answer")
+    assert result.failed >= 2
+    rows = _stored(tmp_path)
+    assert len(rows) == 5
+    assert rows[0][1][1] == [FAILED_RUN_SECS] and rows[1][1][1] == [FAILED_RUN_SECS]
+    assert result.best_latency_us is not None
+    _check_gmm(result)
+    err = capfd.readouterr().err
+    assert "5/5 trials" in err  # the progress bar
+
+
+def test_no_candidate_measurable_raises(tmp_path):
+    with pytest.raises(MeasurementError, match="none of the 1 candidates"):
+        tune(
+            gmm(),
+            TARGET,
+            trials=1,
+            work_dir=tmp_path,
+            progress=False,
+            strategy=lambda f, t, n, s, e: [_impossible_trace(f)],
+        )
+
+
+def test_irmodule_of_two_primfuncs(tmp_path):
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0 + 1.0, name="B")
+    scale = te.create_prim_func([a, b]).with_attr("global_symbol", "scale")
+    mod = tvm.IRModule({"gemm": gmm().with_attr("global_symbol", "gemm"), "scale": scale})
+    result = tune(mod, TARGET, trials=4, work_dir=tmp_path, progress=False)
+    assert set(result.tasks) == {"gemm", "scale"}
+    assert [t.trials_measured for t in result.tasks.values()] == [2, 2]
+    assert result.best_latency_us == pytest.approx(sum(t.best_latency_us for t in result.tasks.values()))
+    _check_gmm(result, "gemm")
+    lib = result.compile()
+    x = np.random.default_rng(0).uniform(size=(64, 64)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
+    lib["scale"](tvm.runtime.tensor(x), out)
+    np.testing.assert_allclose(out.numpy(), x * 2 + 1, rtol=1e-6)
+
+
+def test_bad_inputs_raise_typed_errors(tmp_path):
+    with pytest.raises(InvalidTarget, match="nope"):
+        tune(gmm(), {"kind": "nope"}, trials=1, work_dir=tmp_path)
+    with pytest.raises(UnsupportedWorkload):
+        tune("not a function", trials=1, work_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strategy"):
+        tune(gmm(), TARGET, trials=1, work_dir=tmp_path, strategy="no-such-strategy")
+    n = tvm.tirx.Var("n", "int32")
+    a = te.placeholder((n, 16), name="A")
+    dynamic = te.create_prim_func([a, te.compute((n, 16), lambda i, j: a[i, j] * 2.0, name="B")])
+    with pytest.raises(UnsupportedWorkload, match="dynamic shape"):
+        tune(dynamic, TARGET, trials=1, work_dir=tmp_path / "dynamic")
+    assert not (tmp_path / "dynamic").exists()  # rejected before anything is written
+
+
+class _Recorder:
+    """A strategy with feedback: draws fastsearch's candidates and records what tune() reports."""
+
+    def __init__(self) -> None:
+        self.updates: list[list[tuple[str, float | None]]] = []
+
+    def __call__(self, func, target, n, seed, exclude):
+        return sample_candidates(func, target, n, seed, exclude)
+
+    def update(self, func, measured):
+        self.updates.append(list(measured))
+
+
+def test_strategy_feedback_and_warm_start(tmp_path):
+    first = _Recorder()
+    result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, strategy=first, batch_size=2, progress=False)
+    assert [len(u) for u in first.updates] == [2, 2]
+    reported = [item for u in first.updates for item in u]
+    db = TuningDatabase(tmp_path)
+    stored = db.records(db.commit_workload(_normalize_mod(gmm())))
+    assert sorted(k for k, _ in reported) == sorted(candidate_key(r.trace) for r in stored)
+    for (_, secs), h in zip(reported, result.history):
+        assert secs is not None and secs * 1e6 == pytest.approx(h.latency_us)
+
+    second = _Recorder()
+    tune(gmm(), TARGET, trials=6, work_dir=tmp_path, strategy=second, batch_size=2, progress=False)
+    assert sorted(second.updates[0]) == sorted(reported)  # warm start with the stored records
+    assert [len(u) for u in second.updates] == [4, 2]
+    assert result.timing["model"] >= 0
