@@ -130,9 +130,9 @@ def compare(family: str, kind: str, func, schs) -> list[str]:
 
 
 # The engine's compute_at of the padding stage covers a larger region than TVM's for grouped
-# and transposed convolutions (TVM narrows it through the consumer's floordiv/group indices),
+# convolutions (TVM narrows it through the consumer's group indices),
 # so the padded buffer's features differ on those candidates.
-ENGINE_REGION_GAPS = {"GRP", "T2D"}
+ENGINE_REGION_GAPS = {"GRP"}
 
 
 def family_param(family: str):
