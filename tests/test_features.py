@@ -122,6 +122,7 @@ def compare(family: str, kind: str, func, schs) -> list[str]:
         d = first_difference(o, t, same_names)
         if d is not None:
             failures.append(f"{family} {kind} candidate {i}: {d}")
+    print(f"{family} {kind}: {len(schs) - len(unsupported)} compared, {len(failures)} differ")
     # A candidate the engine cannot replay yet is reported, not compared; most must replay.
     if unsupported:
         warnings.warn("engine cannot replay: " + "; ".join(unsupported), stacklevel=2)
