@@ -1,7 +1,9 @@
 """Differential test of fastsearch's Rust schedule engine against TVM.
 
-Each case is a trace TVM applied to a workload of the te_workload suite: TVM's own CPU design
-spaces re-sampled with fresh random decisions. For every trace, three comparisons of the loop
+Each case is a trace TVM applied to a workload of the te_workload suite (every family, every
+listed shape), from two sources: TVM's own CPU design spaces re-sampled with fresh random
+decisions, and random sequences of primitives built through TVM's schedule API (TVM validates
+each step; refused steps are dropped). For every trace, three comparisons of the loop
 nest (loop order and nesting, extents, kinds, annotations, block placement and names, allocated
 buffers):
 

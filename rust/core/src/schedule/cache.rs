@@ -102,7 +102,8 @@ fn relaxed_region(
             }
             // A predicated block (a split tail) stays inside the buffer: clip.
             let lo = (iv.base.constant + iv.lo).max(0);
-            let hi = (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);
+            let hi =
+                (iv.base.constant + iv.hi + ext - 1).min(shape.get(d).copied().unwrap_or(1) - 1);
             Ok((Lin::constant(0), lo, (hi - lo + 1).max(1)))
         })
         .collect()
@@ -126,7 +127,9 @@ fn copy_stage(
             kind: IterKind::Spatial,
         })
         .collect();
-    let idx: Vec<Expr> = (0..region.len()).map(|i| Expr::Var(format!("v{i}"))).collect();
+    let idx: Vec<Expr> = (0..region.len())
+        .map(|i| Expr::Var(format!("v{i}")))
+        .collect();
     let point = |buffer: usize| Access {
         buffer,
         region: idx.iter().map(|e| (e.clone(), Expr::Int(1))).collect(),
@@ -159,7 +162,11 @@ fn copy_stage(
         }
         outer.get_or_insert(Child::Loop(l));
         let start = base.add(&Lin::constant(*lo), 1);
-        bindings.push(start.add(&Lin::atom(Expr::Var(st.loops[l].var.clone())), 1).to_expr());
+        bindings.push(
+            start
+                .add(&Lin::atom(Expr::Var(st.loops[l].var.clone())), 1)
+                .to_expr(),
+        );
         parent = Some(l);
     }
     let blk = st.new_block(block, bindings, parent);
@@ -187,7 +194,14 @@ fn cache_location(st: &State, b: BlockId, related: &[BlockId]) -> (Option<LoopId
                 return (p, j);
             }
             if p.is_none() {
-                return (None, if related.is_empty() { kids.len() } else { i + 1 });
+                return (
+                    None,
+                    if related.is_empty() {
+                        kids.len()
+                    } else {
+                        i + 1
+                    },
+                );
             }
         }
         match p {
@@ -309,7 +323,11 @@ pub fn cache_read(
                 .ok_or_else(|| Error::Internal("cache_read: writer without the write".into()))?;
             relaxed_region(st, I, w, &acc, parent)?
         }
-        None => st.buffers[buffer].shape.iter().map(|&d| (Lin::constant(0), 0, d)).collect(),
+        None => st.buffers[buffer]
+            .shape
+            .iter()
+            .map(|&d| (Lin::constant(0), 0, d))
+            .collect(),
     };
     let nb = new_cache_buffer(st, buffer, scope, parent.is_none(), &region);
     for &r in &readers {

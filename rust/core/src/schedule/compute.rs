@@ -79,7 +79,7 @@ fn required_regions(
                 iv.hi += ext - 1;
                 dims[d] = Some(match dims[d].take() {
                     None => iv,
-                    Some(prev) => union(inst, prev, iv)?,
+                    Some(prev) => union(inst, prev, iv, &all)?,
                 });
             }
         }
@@ -87,9 +87,32 @@ fn required_regions(
     Ok(out)
 }
 
-fn union(inst: &str, a: SymInterval, b: SymInterval) -> Result<SymInterval> {
+fn union(inst: &str, a: SymInterval, b: SymInterval, all: &Ranges) -> Result<SymInterval> {
     let diff = b.base.add(&a.base, -1);
     if !diff.is_constant() {
+        // Different symbolic starts: fine when one constant interval covers the other for
+        // every value of the outer loops (TVM's simplifier proves the same).
+        let span = |x: &SymInterval| {
+            x.base
+                .bounds(&|e| arith::atom_bounds(e, all))
+                .map(|(l, h)| (l + x.lo, h + x.hi))
+        };
+        let covers = |x: &SymInterval, y: &SymInterval| {
+            x.base.is_constant()
+                && matches!((span(x), span(y)), (Some((xl, xh)), Some((yl, yh))) if xl <= yl && yh <= xh)
+        };
+        if covers(&a, &b) {
+            return Ok(SymInterval {
+                exact: a.exact && b.exact,
+                ..a
+            });
+        }
+        if covers(&b, &a) {
+            return Ok(SymInterval {
+                exact: a.exact && b.exact,
+                ..b
+            });
+        }
         return Err(Error::schedule(
             inst,
             "regions with different symbolic bases cannot be united",
@@ -115,6 +138,7 @@ fn solve_domains(
 ) -> Result<Vec<Option<(SymInterval, i64)>>> {
     let block = &st.blocks[b].block;
     let empty = Ranges::new();
+    let all = st.ranges();
     let mut doms: Vec<Option<(SymInterval, i64)>> = vec![None; block.iter_vars.len()];
     for acc in provided {
         let Some(req) = required.get(&acc.buffer) else {
@@ -187,7 +211,7 @@ fn solve_domains(
             };
             doms[i] = Some(match doms[i].take() {
                 None => (dom, bound_max),
-                Some((prev, pb)) => (union(inst, prev, dom)?, pb.min(bound_max)),
+                Some((prev, pb)) => (union(inst, prev, dom, &all)?, pb.min(bound_max)),
             });
         }
     }
@@ -196,8 +220,8 @@ fn solve_domains(
 
 /// Clamps a domain to the iteration variable's range the way TVM does: keep it when provably
 /// inside, take the bound when provably covering it, intersect when constant.
-/// `None` when the domain straddles the range's edge depending on outer loops: TVM then makes
-/// a loop whose extent depends on them (dynamic).
+/// A domain that straddles the range's edge depending on outer loops is kept whole (TVM adds a
+/// predicate). `None` is reserved for domains that cannot be placed at all.
 fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (bmin, bmax) = dom
         .base
@@ -213,7 +237,7 @@ fn clamp(dom: SymInterval, bound_max: i64, all: &Ranges) -> Option<(Lin, i64, i6
     } else if bmax + dom.lo <= 0 && bmin + dom.hi >= bound_max {
         Some((Lin::constant(0), 0, bound_max))
     } else {
-        None
+        Some((dom.base, dom.lo, dom.hi))
     }
 }
 

@@ -126,6 +126,14 @@ impl State {
                             block.name, iv.name, iv.min
                         )));
                     }
+                    if r.bindings.len() != block.iter_vars.len() {
+                        return Err(Error::Malformed(format!(
+                            "block {}: {} bindings for {} iteration variables",
+                            block.name,
+                            r.bindings.len(),
+                            block.iter_vars.len()
+                        )));
+                    }
                     let map = |v: &str| renames.get(v).map(|n| Expr::Var(n.clone()));
                     let bindings = r.bindings.iter().map(|e| e.substitute(&map)).collect();
                     let predicate = r.predicate.substitute(&map);

@@ -380,7 +380,11 @@ impl<'a> Replayer<'a> {
                 };
                 match self.rv(k, inp(0)?)? {
                     Rv::Block(b) if self.st.blocks[b].alive => {
-                        self.st.blocks[b].block.annotations.entry(key).or_insert(value);
+                        self.st.blocks[b]
+                            .block
+                            .annotations
+                            .entry(key)
+                            .or_insert(value);
                     }
                     Rv::Loop(l) if self.st.loops[l].alive => {
                         self.st.loops[l].annotations.entry(key).or_insert(value);
