@@ -228,8 +228,39 @@ def random_primitive_traces(workload: str, func: Any) -> Iterator[Case]:
         yield case
 
 
+# -- fastsearch's own sketches ----------------------------------------------------------------
+SKETCH_TRACES_PER_WORKLOAD = 4
+
+
+def sketch_traces(workload: str, func: Any) -> Iterator[Case]:
+    """Candidates drawn from fastsearch's CPU sketches (Rust), replayed by TVM, then postprocessed."""
+    ctx = ms.TuneContext(
+        mod=tvm.IRModule({"main": func}), target=TARGET, space_generator="post-order-apply", task_name="x"
+    )
+    keys = _core.sample_sketches(program_json(func), 2, SKETCH_TRACES_PER_WORKLOAD, 17)
+    for i, key in enumerate(keys):
+        sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(func)))
+        s_tir.Trace.apply_json_to_schedule(json.loads(key), sch)
+        case = Case(
+            workload=workload,
+            source="fastsearch-sketch",
+            func=func,
+            pre_trace=trace_json(sch.trace),
+            pre_nest=loop_nest_from_tvm(sch.mod["main"]),
+            label=f"sketch candidate {i}",
+        )
+        if all(p.apply(sch) for p in _postprocessors(ctx)):
+            case.post_trace = trace_json(sch.trace)
+            case.post_nest = loop_nest_from_tvm(sch.mod["main"])
+        yield case
+
+
 # Each source: (family, shape index, PrimFunc) -> cases.
-TRACE_SOURCES: list[Callable[[str, Any], Iterator[Case]]] = [design_space_traces, random_primitive_traces]
+TRACE_SOURCES: list[Callable[[str, Any], Iterator[Case]]] = [
+    design_space_traces,
+    random_primitive_traces,
+    sketch_traces,
+]
 
 
 def _compare(case: Case, trace: str, expected: dict[str, Any], postprocess: bool) -> str | None:

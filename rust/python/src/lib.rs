@@ -101,23 +101,6 @@ fn program_summary(py: Python<'_>, program_json: String) -> PyResult<String> {
     })
 }
 
-/// Replays a MetaSchedule trace (the JSON of `Trace.as_json()`) on a program model and returns
-/// the JSON loop-nest description of the result. With `postprocess`, the trace's instructions
-/// after `EnterPostproc` are skipped and the engine's own CPU postprocessors
-/// (RewriteParallelVectorizeUnroll, RewriteReductionBlock) run instead.
-#[pyfunction]
-#[pyo3(signature = (program_json, trace_json, postprocess = false))]
-fn apply_trace(
-    py: Python<'_>,
-    program_json: String,
-    trace_json: String,
-    postprocess: bool,
-) -> PyResult<String> {
-    guarded(py, "apply_trace", move || {
-        fastsearch_core::schedule::apply_trace(&program_json, &trace_json, postprocess)
-    })
-}
-
 /// Draws up to `n` distinct candidates from fastsearch's CPU sketches, as MetaSchedule trace
 /// JSON strings (before postprocessing), skipping those in `exclude`.
 #[pyfunction]
@@ -327,6 +310,23 @@ fn forest_predict(
     })
 }
 
+/// Replays a MetaSchedule trace (the JSON of `Trace.as_json()`) on a program model and returns
+/// the JSON loop-nest description of the result. With `postprocess`, the trace's instructions
+/// after `EnterPostproc` are skipped and the engine's own CPU postprocessors
+/// (RewriteParallelVectorizeUnroll, RewriteReductionBlock) run instead.
+#[pyfunction]
+#[pyo3(signature = (program_json, trace_json, postprocess = false))]
+fn apply_trace(
+    py: Python<'_>,
+    program_json: String,
+    trace_json: String,
+    postprocess: bool,
+) -> PyResult<String> {
+    guarded(py, "apply_trace", move || {
+        fastsearch_core::schedule::apply_trace(&program_json, &trace_json, postprocess)
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -337,7 +337,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MalformedInput", py.get_type::<MalformedInput>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
-    m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
     m.add_function(wrap_pyfunction!(extract_features, m)?)?;
     m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
@@ -349,6 +348,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "SKETCH_FEATURE_NAMES",
         fastsearch_core::model::sketch_features::SKETCH_FEATURE_NAMES.to_vec(),
     )?;
+    m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
