@@ -7,6 +7,7 @@
 //! * [`rng`] — the deterministic random number generator every sampler uses.
 
 pub mod error;
+pub mod features;
 pub mod model;
 pub mod program;
 pub mod rng;

@@ -121,6 +121,29 @@ fn sample_sketches(
     })
 }
 
+/// Replays each trace (MetaSchedule trace JSON, postprocessing included) on the program and
+/// extracts MetaSchedule's per-store features in parallel: one `(n_stores, 164)` float32 array
+/// per trace, rows in PerStoreFeature's order.
+#[pyfunction]
+fn extract_features<'py>(
+    py: Python<'py>,
+    program_json: String,
+    trace_jsons: Vec<String>,
+) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
+    let (data, counts) = guarded(py, "extract_features", move || {
+        fastsearch_core::features::extract_from_json(&program_json, &trace_jsons)
+    })?;
+    let n = fastsearch_core::features::N_FEATURES;
+    let mut out = Vec::with_capacity(counts.len());
+    let mut start = 0;
+    for rows in counts {
+        let end = start + rows * n;
+        out.push(PyArray1::from_slice(py, &data[start..end]).reshape([rows, n])?);
+        start = end;
+    }
+    Ok(out)
+}
+
 fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
     jsons
         .iter()
@@ -315,6 +338,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
+    m.add_function(wrap_pyfunction!(extract_features, m)?)?;
     m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(analytical_scores, m)?)?;
     m.add_function(wrap_pyfunction!(propose, m)?)?;

@@ -1,0 +1,140 @@
+"""MetaSchedule's per-store features (``PerStoreFeature``: 164 values per stored buffer),
+computed in Rust on fastsearch's schedule engine instead of TVM's lowered IR.
+
+Each trace is replayed by the engine (its postprocessing instructions included, as recorded
+after ``EnterPostproc``), then the features are read off the engine's state with the effect of
+TVM's pre-extraction lowering passes modelled. Candidates run in parallel with the GIL
+released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fastsearch import _core
+from fastsearch.errors import UnsupportedWorkload
+from fastsearch.loop_nest import trace_json
+from fastsearch.tir_import import main_function, program_json
+
+N_FEATURES = 164
+
+# The name of each column, in PerStoreFeature's order.
+FEATURE_NAMES = (
+    [
+        "float_mad",
+        "float_add_sub",
+        "float_mul",
+        "float_div_mod",
+        "float_cmp",
+        "float_math_func",
+        "float_other_func",
+        "int_mad",
+        "int_add_sub",
+        "int_mul",
+        "int_div_mod",
+        "int_cmp",
+        "int_math_func",
+        "int_other_func",
+        "bool_op",
+        "select_op",
+    ]
+    + [
+        f"{kind}.{f}"
+        for kind in ("vectorize", "unroll", "parallel")
+        for f in ("num", "prod", "len", *(f"pos{i}" for i in range(8)))
+    ]
+    + [
+        "is_gpu",
+        "blockIdx.x",
+        "blockIdx.y",
+        "blockIdx.z",
+        "threadIdx.x",
+        "threadIdx.y",
+        "threadIdx.z",
+        "vthread",
+    ]
+    + [
+        f"buffer{i}.{f}"
+        for i in range(5)
+        for f in (
+            "read",
+            "write",
+            "read_write",
+            "bytes",
+            "unique_bytes",
+            "lines",
+            "unique_lines",
+            "reuse_loop",
+            "reuse_serial",
+            "reuse_none",
+            "reuse_dis_iter",
+            "reuse_dis_bytes",
+            "reuse_ct",
+            "bytes_d_reuse_ct",
+            "unique_bytes_d_reuse_ct",
+            "lines_d_reuse_ct",
+            "unique_lines_d_reuse_ct",
+            "stride",
+        )
+    ]
+    + [f"arith_intensity_curve{i}" for i in range(10)]
+    + ["alloc_size", "alloc_prod", "alloc_outer_prod", "alloc_inner_prod"]
+    + ["outer_prod", "num_loops", "auto_unroll_max_step"]
+)
+
+
+def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
+    """Features of each trace (JSON text) on a program model (JSON from
+    ``fastsearch.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
+    return _core.extract_features(program, list(traces))
+
+
+def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> list[np.ndarray]:
+    """Features of each ``tvm.s_tir.Trace`` (or its JSON) applied to ``mod`` (a PrimFunc or an
+    IRModule holding one), in the row order of MetaSchedule's ``PerStoreFeature``.
+
+    ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
+    a GPU target is refused."""
+    if target is not None:
+        import tvm
+
+        t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        if "gpu" in [str(k) for k in t.keys]:
+            raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
+    _, func = main_function(mod)
+    texts = [t if isinstance(t, str) else trace_json(t) for t in traces]
+    return extract_features_json(program_json(func), texts)
+
+
+def design_space_candidates(func: Any, target: Any, n: int) -> list[Any]:
+    """Up to ``n`` candidates from MetaSchedule's own design spaces for ``func`` (a PrimFunc):
+    each space's trace replayed without its decisions on a schedule seeded 1, 2, ..., then
+    MetaSchedule's postprocessors for the target. Deterministic for a given function."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    mod = tvm.IRModule({"main": func})
+    kind = "cuda" if str(target.kind.name) == "cuda" else "llvm"
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", num_threads=1)
+    spaces = ctx.generate_design_space()
+    postprocs = ms.postproc.Postproc.create(kind)
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+    out: list[Any] = []
+    seed = 1
+    while len(out) < n and seed <= 4 * n:
+        space = spaces[seed % len(spaces)]
+        sch = tvm.s_tir.Schedule(mod, seed=seed)
+        seed += 1
+        try:
+            tvm.s_tir.Trace(list(space.trace.insts), {}).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if not all(p.apply(sch) for p in postprocs):
+                continue
+        except tvm.TVMError:
+            continue
+        out.append(sch)
+    return out

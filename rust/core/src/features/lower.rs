@@ -1,0 +1,755 @@
+//! The effect of the lowering passes TVM runs before extracting per-store features
+//! (`PassListForPerStoreFeature`), modelled on the schedule state:
+//!
+//! * unit loops (serial, extent 1, no annotation) disappear, their variable becomes 0, and a
+//!   `Select` without buffer loads becomes the constant 1 (SimplifyForFeatureExtraction);
+//! * block variables are replaced by their bindings and reduction inits run inline before
+//!   the update (ConvertBlocksToOpaque, LowerInitBlock);
+//! * each allocated buffer moves to the lowest common loop of its accesses and shrinks to the
+//!   region accessed under that loop, with indices shifted accordingly
+//!   (PlanAndUpdateBufferAllocationLocation, CompactBufferAllocation);
+//! * integer indices take the simplifier's normal form (StmtSimplify).
+
+use std::collections::HashMap;
+
+use super::index::{Canon, Extents, Index, Sum};
+use crate::error::{Error, Result};
+use crate::program::{BinOp, Expr, LoopKind};
+use crate::schedule::state::{Child, State};
+
+#[derive(Clone, Debug)]
+pub struct LLoop {
+    pub var: String,
+    pub extent: i64,
+    pub kind: LoopKind,
+    pub thread: Option<String>,
+    /// `pragma_auto_unroll_max_step`, where annotated.
+    pub auto_unroll: Option<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LStore {
+    pub buffer: usize,
+    pub indices: Vec<Expr>,
+    pub value: Expr,
+    /// Enclosing loops, outermost first (indices into [`Lowered::loops`]).
+    pub loops: Vec<usize>,
+    /// TVM skips stores of a literal (reduction inits).
+    pub constant: bool,
+}
+
+/// An allocated buffer: where it is allocated (enclosing loops) after lowering.
+#[derive(Clone, Debug)]
+pub struct LAlloc {
+    pub buffer: usize,
+    pub loops: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    pub loops: Vec<LLoop>,
+    pub stores: Vec<LStore>,
+    /// Shape of every buffer after compaction.
+    pub shapes: Vec<Vec<i64>>,
+    pub allocs: Vec<LAlloc>,
+}
+
+/// A store before index normalization: indices still as expressions in loop variables.
+struct RawStore {
+    block: usize,
+    buffer: usize,
+    indices: Vec<Expr>,
+    value: Expr,
+    loops: Vec<usize>,
+    constant: bool,
+}
+
+struct Walker<'a> {
+    st: &'a State,
+    loops: Vec<LLoop>,
+    extents: Extents,
+    stores: Vec<RawStore>,
+}
+
+fn is_literal(e: &Expr) -> bool {
+    matches!(e, Expr::Int(_) | Expr::Float { .. } | Expr::Bool(_))
+}
+
+fn has_load(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| found |= matches!(x, Expr::Load { .. }));
+    found
+}
+
+/// SimplifyForFeatureExtraction's rewrite: a select reading no buffer becomes 1.
+fn drop_pure_selects(e: &Expr, dtype: &str) -> Expr {
+    match e {
+        Expr::Select(c, a, b) => {
+            if has_load(c) || has_load(a) || has_load(b) {
+                // The program model imports TIR's `if_then_else` (padding) as a select; TVM
+                // counts it as a pure call, and a genuine select reading buffers is rare.
+                Expr::Call {
+                    name: "tirx.if_then_else".into(),
+                    dtype: dtype.to_string(),
+                    args: vec![
+                        drop_pure_selects(c, "bool"),
+                        drop_pure_selects(a, dtype),
+                        drop_pure_selects(b, dtype),
+                    ],
+                }
+            } else if dtype.starts_with("float") {
+                Expr::Float {
+                    value: 1.0,
+                    dtype: dtype.to_string(),
+                }
+            } else {
+                Expr::Int(1)
+            }
+        }
+        Expr::Bin(op, a, b) => Expr::Bin(
+            *op,
+            Box::new(drop_pure_selects(a, dtype)),
+            Box::new(drop_pure_selects(b, dtype)),
+        ),
+        Expr::Not(a) => Expr::Not(Box::new(drop_pure_selects(a, dtype))),
+        Expr::Cast { dtype: d, value } => Expr::Cast {
+            dtype: d.clone(),
+            value: Box::new(drop_pure_selects(value, d)),
+        },
+        Expr::Load { buffer, indices } => Expr::Load {
+            buffer: *buffer,
+            indices: indices.clone(),
+        },
+        Expr::Call {
+            name,
+            dtype: d,
+            args,
+        } => Expr::Call {
+            name: name.clone(),
+            dtype: d.clone(),
+            args: args.iter().map(|a| drop_pure_selects(a, d)).collect(),
+        },
+        _ => e.clone(),
+    }
+}
+
+impl Walker<'_> {
+    fn walk(&mut self, children: &[Child], path: &mut Vec<usize>) -> Result<()> {
+        for &c in children {
+            match c {
+                Child::Loop(l) => {
+                    let lp = &self.st.loops[l];
+                    self.extents.insert(lp.var.clone(), lp.extent);
+                    if lp.extent <= 0 {
+                        continue;
+                    }
+                    let unit = lp.extent == 1
+                        && lp.kind == LoopKind::Serial
+                        && lp.thread.is_none()
+                        && lp.annotations.is_empty();
+                    if unit {
+                        self.walk(&lp.children, path)?;
+                        continue;
+                    }
+                    let auto_unroll = lp
+                        .annotations
+                        .get("pragma_auto_unroll_max_step")
+                        .and_then(|v| v.as_i64());
+                    self.loops.push(LLoop {
+                        var: lp.var.clone(),
+                        extent: lp.extent,
+                        kind: lp.kind,
+                        thread: lp.thread.clone(),
+                        auto_unroll,
+                    });
+                    path.push(self.loops.len() - 1);
+                    self.walk(&lp.children, path)?;
+                    path.pop();
+                }
+                Child::Block(b) => self.block(b, path)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn block(&mut self, b: usize, path: &[usize]) -> Result<()> {
+        let sb = &self.st.blocks[b];
+        let blk = &sb.block;
+        if blk.children.is_some() {
+            return Err(Error::Unsupported(format!(
+                "block {} has child statements",
+                blk.name
+            )));
+        }
+        let map: HashMap<&str, &Expr> = blk
+            .iter_vars
+            .iter()
+            .map(|v| v.name.as_str())
+            .zip(sb.bindings.iter())
+            .collect();
+        let sub = |e: &Expr| e.substitute(&|v: &str| map.get(v).map(|x| (*x).clone()));
+        for s in blk.init.iter().flatten().chain(blk.body.iter()) {
+            let dtype = &self.st.buffers[s.buffer].dtype;
+            let value = drop_pure_selects(&sub(&s.value), dtype);
+            self.stores.push(RawStore {
+                block: b,
+                buffer: s.buffer,
+                indices: s.indices.iter().map(sub).collect(),
+                constant: is_literal(&value),
+                value,
+                loops: path.to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn unsupported_index(e: &Expr) -> Error {
+    Error::Unsupported(format!(
+        "index expression outside the affine and floordiv/floormod forms: {}",
+        e.to_json()
+    ))
+}
+
+/// Region of one access dimension relative to an allocation point: the part in outer
+/// (fixed) variables, and the inclusive range of the rest.
+struct DimRegion {
+    outer: Sum,
+    lo: i64,
+    hi: i64,
+}
+
+fn index_vars(i: &Index, out: &mut Vec<String>) {
+    match i {
+        Index::Var(v) => {
+            if !out.contains(v) {
+                out.push(v.clone())
+            }
+        }
+        Index::Sum(s) => s.vars(out),
+    }
+}
+
+fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
+    let mut outer = Sum::constant(0);
+    let mut inner = Sum::constant(s.base);
+    for t in &s.terms {
+        let mut vs = Vec::new();
+        index_vars(&t.index, &mut vs);
+        let one = Sum {
+            terms: vec![t.clone()],
+            base: 0,
+        };
+        if vs.iter().all(|v| outer_vars.contains(v)) {
+            outer = outer.add(&one, 1);
+        } else {
+            inner = inner.add(&one, 1);
+        }
+    }
+    let (lo, hi) = canon.bounds(&inner);
+    DimRegion { outer, lo, hi }
+}
+
+/// Lowers the scheduled state to what TVM's feature extractor visits.
+pub fn lower(st: &State) -> Result<Lowered> {
+    let mut w = Walker {
+        st,
+        loops: Vec::new(),
+        extents: Extents::new(),
+        stores: Vec::new(),
+    };
+    let mut path = Vec::new();
+    w.walk(&st.top, &mut path)?;
+    let Walker {
+        loops,
+        extents,
+        stores: raw,
+        ..
+    } = w;
+    let canon = Canon { extents: &extents };
+    let norm = |e: &Expr| canon.sum(e).ok_or_else(|| unsupported_index(e));
+
+    // Every access site per buffer: (store, indices as sums).
+    let mut sums: Vec<Vec<Sum>> = Vec::with_capacity(raw.len());
+    let mut loads: Vec<Vec<(usize, Vec<Sum>)>> = Vec::with_capacity(raw.len());
+    for s in &raw {
+        sums.push(s.indices.iter().map(norm).collect::<Result<_>>()?);
+        let mut ls = Vec::new();
+        let mut err = None;
+        s.value.visit(&mut |x| {
+            if let Expr::Load { buffer, indices } = x {
+                match indices.iter().map(norm).collect::<Result<Vec<_>>>() {
+                    Ok(v) => ls.push((*buffer, v)),
+                    Err(e) => err = Some(e),
+                }
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        loads.push(ls);
+    }
+
+    let mut shapes: Vec<Vec<i64>> = st.buffers.iter().map(|b| b.shape.clone()).collect();
+    // Per buffer: the offset subtracted from each dimension after compaction.
+    let mut offsets: HashMap<usize, Vec<Sum>> = HashMap::new();
+    let mut allocs = Vec::new();
+    let root = &st.blocks[st.root].block;
+    for &buf in &root.alloc_buffers {
+        if st.is_param(buf) {
+            continue;
+        }
+        let sites: Vec<(usize, &Vec<Sum>)> = raw
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                let own = (s.buffer == buf).then_some((i, &sums[i]));
+                own.into_iter().chain(
+                    loads[i]
+                        .iter()
+                        .filter(|(b, _)| *b == buf)
+                        .map(move |(_, v)| (i, v)),
+                )
+            })
+            .collect();
+        if sites.is_empty() {
+            allocs.push(LAlloc {
+                buffer: buf,
+                loops: vec![],
+            });
+            continue;
+        }
+        // Lowest common loop of the accesses.
+        let first = &raw[sites[0].0].loops;
+        let mut depth = first.len();
+        for (i, _) in &sites {
+            let p = &raw[*i].loops;
+            depth = depth.min(p.iter().zip(first).take_while(|(a, b)| a == b).count());
+        }
+        let lca: Vec<usize> = first[..depth].to_vec();
+        allocs.push(LAlloc {
+            buffer: buf,
+            loops: lca.clone(),
+        });
+        let outer_vars: Vec<String> = lca.iter().map(|&l| loops[l].var.clone()).collect();
+        let ndim = shapes[buf].len();
+        let mut region: Vec<Option<DimRegion>> = (0..ndim).map(|_| None).collect();
+        let mut compactable = vec![true; ndim];
+        for (_, idx) in &sites {
+            if idx.len() != ndim {
+                return Err(Error::Internal(format!(
+                    "buffer {} accessed with {} indices, has {} dimensions",
+                    st.buffers[buf].name,
+                    idx.len(),
+                    ndim
+                )));
+            }
+            for d in 0..ndim {
+                let r = dim_region(&canon, &idx[d], &outer_vars);
+                region[d] = Some(match region[d].take() {
+                    None => r,
+                    Some(prev) => {
+                        // Regions over the same outer part (up to a constant) unite.
+                        let diff = r.outer.add(&prev.outer, -1);
+                        let shift = if diff.is_constant() {
+                            diff.base
+                        } else {
+                            compactable[d] = false;
+                            0
+                        };
+                        DimRegion {
+                            outer: prev.outer,
+                            lo: prev.lo.min(r.lo + shift),
+                            hi: prev.hi.max(r.hi + shift),
+                        }
+                    }
+                });
+            }
+        }
+        let mut off = Vec::with_capacity(ndim);
+        for d in 0..ndim {
+            match &region[d] {
+                Some(r) if compactable[d] => {
+                    shapes[buf][d] = r.hi - r.lo + 1;
+                    off.push(r.outer.add(&Sum::constant(r.lo), 1));
+                }
+                _ => off.push(Sum::constant(0)),
+            }
+        }
+        offsets.insert(buf, off);
+    }
+
+    let shift = |buf: usize, idx: &[Sum]| -> Vec<Expr> {
+        match offsets.get(&buf) {
+            Some(off) => idx
+                .iter()
+                .zip(off)
+                .map(|(i, o)| i.add(o, -1).to_expr())
+                .collect(),
+            None => idx.iter().map(Sum::to_expr).collect(),
+        }
+    };
+    let mut stores = Vec::with_capacity(raw.len());
+    for (i, s) in raw.into_iter().enumerate() {
+        let mut k = 0;
+        let value = rewrite_loads(&s.value, &mut |buf| {
+            let out = match loads[i].get(k) {
+                Some((b, idx)) if *b == buf => Some(shift(*b, idx)),
+                _ => None,
+            };
+            k += 1;
+            out
+        });
+        let value = normalize_int_operands(&canon, &value);
+        stores.push(LStore {
+            buffer: s.buffer,
+            indices: shift(s.buffer, &sums[i]),
+            value,
+            loops: s.loops,
+            constant: s.constant,
+        });
+        let _ = s.block;
+    }
+    Ok(Lowered {
+        loops,
+        stores,
+        shapes,
+        allocs,
+    })
+}
+
+/// Rebuilds `e` with each load's indices (in visit order) replaced by `f(buffer)` where it
+/// gives them.
+fn rewrite_loads(e: &Expr, f: &mut impl FnMut(usize) -> Option<Vec<Expr>>) -> Expr {
+    match e {
+        Expr::Load { buffer, indices } => {
+            // Visit order: the load itself first (parents first), matching `Expr::visit`.
+            let new = f(*buffer).unwrap_or_else(|| indices.clone());
+            // Loads nested inside indices were visited after their parent.
+            for i in indices {
+                rewrite_loads(i, f);
+            }
+            Expr::Load {
+                buffer: *buffer,
+                indices: new,
+            }
+        }
+        Expr::Bin(op, a, b) => {
+            let a = rewrite_loads(a, f);
+            Expr::Bin(*op, Box::new(a), Box::new(rewrite_loads(b, f)))
+        }
+        Expr::Not(a) => Expr::Not(Box::new(rewrite_loads(a, f))),
+        Expr::Select(c, a, b) => {
+            let c = rewrite_loads(c, f);
+            let a = rewrite_loads(a, f);
+            Expr::Select(Box::new(c), Box::new(a), Box::new(rewrite_loads(b, f)))
+        }
+        Expr::Cast { dtype, value } => Expr::Cast {
+            dtype: dtype.clone(),
+            value: Box::new(rewrite_loads(value, f)),
+        },
+        Expr::Call { name, dtype, args } => Expr::Call {
+            name: name.clone(),
+            dtype: dtype.clone(),
+            args: args.iter().map(|a| rewrite_loads(a, f)).collect(),
+        },
+        _ => e.clone(),
+    }
+}
+
+fn is_int_arith(e: &Expr) -> bool {
+    matches!(
+        e,
+        Expr::Int(_)
+            | Expr::Var(_)
+            | Expr::Bin(
+                BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::FloorDiv | BinOp::FloorMod,
+                _,
+                _
+            )
+    ) && !has_load(e)
+        && !has_float(e)
+}
+
+fn has_float(e: &Expr) -> bool {
+    let mut found = false;
+    e.visit(&mut |x| {
+        found |= matches!(
+            x,
+            Expr::Float { .. } | Expr::Cast { .. } | Expr::Call { .. }
+        )
+    });
+    found
+}
+
+/// Integer arithmetic outside indices (conditions of padding, for one) in normal form too.
+fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
+    if is_int_arith(e) {
+        if let Some(s) = canon.sum(e) {
+            return s.to_expr();
+        }
+    }
+    match e {
+        Expr::Bin(op, a, b) if op.is_comparison() && is_int_arith(a) && is_int_arith(b) => {
+            if let (Some(x), Some(y)) = (canon.sum(a), canon.sum(b)) {
+                // The simplifier drops conditions the loop ranges decide.
+                let (lo, hi) = canon.bounds(&x.add(&y, -1));
+                let decided = match op {
+                    BinOp::Lt => (hi < 0).then_some(true).or((lo >= 0).then_some(false)),
+                    BinOp::Le => (hi <= 0).then_some(true).or((lo > 0).then_some(false)),
+                    BinOp::Gt => (lo > 0).then_some(true).or((hi <= 0).then_some(false)),
+                    BinOp::Ge => (lo >= 0).then_some(true).or((hi < 0).then_some(false)),
+                    BinOp::Eq => (lo == 0 && hi == 0)
+                        .then_some(true)
+                        .or((lo > 0 || hi < 0).then_some(false)),
+                    BinOp::Ne => (lo > 0 || hi < 0)
+                        .then_some(true)
+                        .or((lo == 0 && hi == 0).then_some(false)),
+                    _ => None,
+                };
+                if let Some(d) = decided {
+                    return Expr::Bool(d);
+                }
+                // `c <= g * x` and `g * x < c` (g the gcd of the scales) read
+                // `(c - 1) // g < x` and `x < (c - 1) // g + 1`.
+                let factor = |s: &Sum| -> Option<(i64, Sum)> {
+                    let g = s
+                        .terms
+                        .iter()
+                        .fold(0, |g, t| super::index::gcd(g, t.scale.abs()));
+                    (g > 1 && s.base == 0 && !s.terms.is_empty()).then(|| {
+                        let mut q = s.clone();
+                        q.terms.iter_mut().for_each(|t| t.scale /= g);
+                        (g, q)
+                    })
+                };
+                match op {
+                    BinOp::Le if x.is_constant() => {
+                        if let Some((g, q)) = factor(&y) {
+                            return Expr::Bin(
+                                BinOp::Lt,
+                                Box::new(Expr::Int((x.base - 1).div_euclid(g))),
+                                Box::new(q.to_expr()),
+                            );
+                        }
+                    }
+                    BinOp::Lt if y.is_constant() => {
+                        if let Some((g, q)) = factor(&x) {
+                            return Expr::Bin(
+                                BinOp::Lt,
+                                Box::new(q.to_expr()),
+                                Box::new(Expr::Int((y.base - 1).div_euclid(g) + 1)),
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+                // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
+                let div_of = |s: &Sum| match s.terms.as_slice() {
+                    [t] if s.base == 0 && t.scale == 1 && t.upper.is_none() && t.lower > 1 => {
+                        Some(Sum {
+                            terms: vec![super::index::Split {
+                                lower: 1,
+                                ..t.clone()
+                            }],
+                            base: 0,
+                        })
+                        .zip(Some(t.lower))
+                    }
+                    _ => None,
+                };
+                match op {
+                    BinOp::Le if x.is_constant() => {
+                        if let Some((inner, k)) = div_of(&y) {
+                            return Expr::Bin(
+                                *op,
+                                Box::new(Expr::Int(x.base * k)),
+                                Box::new(inner.to_expr()),
+                            );
+                        }
+                    }
+                    BinOp::Lt if y.is_constant() => {
+                        if let Some((inner, k)) = div_of(&x) {
+                            return Expr::Bin(
+                                *op,
+                                Box::new(inner.to_expr()),
+                                Box::new(Expr::Int(y.base * k)),
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+                return Expr::Bin(*op, Box::new(x.to_expr()), Box::new(y.to_expr()));
+            }
+            e.clone()
+        }
+        Expr::Bin(op @ (BinOp::And | BinOp::Or), a, b) => {
+            let (a, b) = (
+                normalize_int_operands(canon, a),
+                normalize_int_operands(canon, b),
+            );
+            match (op, &a, &b) {
+                (BinOp::And, Expr::Bool(true), _) | (BinOp::Or, Expr::Bool(false), _) => b,
+                (BinOp::And, _, Expr::Bool(true)) | (BinOp::Or, _, Expr::Bool(false)) => a,
+                (BinOp::And, Expr::Bool(false), _) | (BinOp::And, _, Expr::Bool(false)) => {
+                    Expr::Bool(false)
+                }
+                (BinOp::Or, Expr::Bool(true), _) | (BinOp::Or, _, Expr::Bool(true)) => {
+                    Expr::Bool(true)
+                }
+                _ => Expr::Bin(*op, Box::new(a), Box::new(b)),
+            }
+        }
+        Expr::Bin(op, a, b) => Expr::Bin(
+            *op,
+            Box::new(normalize_int_operands(canon, a)),
+            Box::new(normalize_int_operands(canon, b)),
+        ),
+        Expr::Not(a) => Expr::Not(Box::new(normalize_int_operands(canon, a))),
+        Expr::Select(c, a, b) => Expr::Select(
+            Box::new(normalize_int_operands(canon, c)),
+            Box::new(normalize_int_operands(canon, a)),
+            Box::new(normalize_int_operands(canon, b)),
+        ),
+        Expr::Cast { dtype, value } => Expr::Cast {
+            dtype: dtype.clone(),
+            value: Box::new(normalize_int_operands(canon, value)),
+        },
+        Expr::Call { name, dtype, args } => {
+            let args: Vec<Expr> = args
+                .iter()
+                .map(|a| normalize_int_operands(canon, a))
+                .collect();
+            if name == "tirx.if_then_else" && args.len() == 3 {
+                match args[0] {
+                    Expr::Bool(true) => return args[1].clone(),
+                    Expr::Bool(false) => return args[2].clone(),
+                    _ => {}
+                }
+                // if_then_else(a, if_then_else(b, x, y), y) is if_then_else(a and b, x, y).
+                if let Expr::Call {
+                    name: inner,
+                    args: inner_args,
+                    ..
+                } = &args[1]
+                {
+                    if inner == name && inner_args.len() == 3 && inner_args[2] == args[2] {
+                        return Expr::Call {
+                            name: name.clone(),
+                            dtype: dtype.clone(),
+                            args: vec![
+                                Expr::Bin(
+                                    BinOp::And,
+                                    Box::new(args[0].clone()),
+                                    Box::new(inner_args[0].clone()),
+                                ),
+                                inner_args[1].clone(),
+                                args[2].clone(),
+                            ],
+                        };
+                    }
+                }
+            }
+            Expr::Call {
+                name: name.clone(),
+                dtype: dtype.clone(),
+                args,
+            }
+        }
+        _ => e.clone(),
+    }
+}
+
+/// Infix text of an expression, loads as `buffer[i, j]` (for inspecting the lowered form).
+pub fn show(e: &Expr, names: &impl Fn(usize) -> String) -> String {
+    match e {
+        Expr::Int(i) => i.to_string(),
+        Expr::Bool(b) => b.to_string(),
+        Expr::Float { value, .. } => format!("{value:?}"),
+        Expr::Var(v) => v.clone(),
+        Expr::Bin(op, a, b) => {
+            let sym = match op {
+                BinOp::Add => "+",
+                BinOp::Sub => "-",
+                BinOp::Mul => "*",
+                BinOp::Div => "/",
+                BinOp::Mod => "%%",
+                BinOp::FloorDiv => "//",
+                BinOp::FloorMod => "%",
+                BinOp::Eq => "==",
+                BinOp::Ne => "!=",
+                BinOp::Lt => "<",
+                BinOp::Le => "<=",
+                BinOp::Gt => ">",
+                BinOp::Ge => ">=",
+                BinOp::And => "and",
+                BinOp::Or => "or",
+                BinOp::Min => return format!("min({}, {})", show(a, names), show(b, names)),
+                BinOp::Max => return format!("max({}, {})", show(a, names), show(b, names)),
+            };
+            format!("({} {sym} {})", show(a, names), show(b, names))
+        }
+        Expr::Not(a) => format!("not {}", show(a, names)),
+        Expr::Select(c, a, b) => format!(
+            "select({}, {}, {})",
+            show(c, names),
+            show(a, names),
+            show(b, names)
+        ),
+        Expr::Cast { dtype, value } => format!("{dtype}({})", show(value, names)),
+        Expr::Load { buffer, indices } => format!(
+            "{}[{}]",
+            names(*buffer),
+            indices
+                .iter()
+                .map(|i| show(i, names))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Expr::Call { name, args, .. } => format!(
+            "{name}({})",
+            args.iter()
+                .map(|i| show(i, names))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+impl Lowered {
+    /// The lowered program as text: each store under its loops (allocations listed first).
+    pub fn text(&self, st: &State) -> String {
+        let names = |b: usize| st.buffers[b].name.clone();
+        let mut out = String::new();
+        for a in &self.allocs {
+            out.push_str(&format!(
+                "alloc {} {:?} under {:?}\n",
+                names(a.buffer),
+                self.shapes[a.buffer],
+                a.loops
+            ));
+        }
+        for s in &self.stores {
+            let loops: Vec<String> = s
+                .loops
+                .iter()
+                .map(|&l| {
+                    let lp = &self.loops[l];
+                    format!("{}:{}:{}", lp.var, lp.extent, lp.kind.name())
+                })
+                .collect();
+            out.push_str(&format!(
+                "[{}]\n  {}[{}] = {}\n",
+                loops.join(" "),
+                names(s.buffer),
+                s.indices
+                    .iter()
+                    .map(|i| show(i, &names))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                show(&s.value, &names)
+            ));
+        }
+        out
+    }
+}

@@ -1,0 +1,255 @@
+//! Per-store features, the same 164 values per stored buffer as MetaSchedule's
+//! `PerStoreFeature` (CPU targets), computed on the schedule engine's state.
+//!
+//! * [`lower`] — what TVM's pre-extraction lowering passes do to the loop nest and buffers.
+//! * [`index`] — integer index expressions in the form TVM's simplifier leaves them.
+//! * [`arith`] — group 1: op counts and loop kinds (57 values).
+//! * [`access`] — group 2: buffer accesses, top 5 buffers (90 values).
+//! * [`intensity`] — group 3: the arithmetic intensity curve (10 values).
+//! * [`alloc`] — groups 4 and 5: allocation and outer loops (4 + 3 values).
+//!
+//! One row per buffer that a store writes with a non-literal value, in the order of the first
+//! such store; the row describes the last store to that buffer (as in TVM).
+
+pub mod access;
+pub mod alloc;
+pub mod arith;
+pub mod index;
+pub mod intensity;
+pub mod lower;
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::program::{dtype_bits, Program};
+use crate::schedule::{trace, State, Trace};
+use lower::{LLoop, Lowered};
+
+/// Length of one feature row.
+pub const N_FEATURES: usize = 164;
+const BUFFERS_PER_STORE: usize = 5;
+const CURVE_SAMPLES: usize = 10;
+const CACHE_LINE_BYTES: i64 = 64;
+
+/// `log2(|x| + 1)`, TVM's feature scale.
+pub fn slog(x: f64) -> f64 {
+    (x.abs() + 1.0).log2()
+}
+
+/// The loops around one store.
+pub struct LoopNest {
+    pub loops: Vec<LLoop>,
+    /// Ids of the loops (indices into [`Lowered::loops`]).
+    pub ids: Vec<usize>,
+    /// Product of the extents.
+    pub prod: i64,
+    pub is_gpu: bool,
+}
+
+fn storage_bytes(dtype: &str) -> i64 {
+    (dtype_bits(dtype) / 8).max(1)
+}
+
+/// The feature rows of one scheduled state, row-major, `N_FEATURES` values each.
+pub fn extract_state(st: &State) -> Result<Vec<f32>> {
+    let low = lower::lower(st)?;
+    Ok(rows(st, &low))
+}
+
+fn rows(st: &State, low: &Lowered) -> Vec<f32> {
+    let bytes: Vec<i64> = st.buffers.iter().map(|b| storage_bytes(&b.dtype)).collect();
+    let is_float: Vec<bool> = st
+        .buffers
+        .iter()
+        .map(|b| b.dtype.starts_with("float") || b.dtype.starts_with("bfloat"))
+        .collect();
+    let info = |b: usize| access::BufferInfo {
+        shape: &low.shapes[b],
+        bytes: bytes[b],
+        name: &st.buffers[b].name,
+    };
+    let allocation = |b: usize| -> Option<alloc::Allocation> {
+        let numel = |shape: &[i64]| shape.iter().fold(1i64, |a, &d| a.saturating_mul(d));
+        if st.is_param(b) {
+            let n = numel(&st.buffers[b].shape);
+            return Some(alloc::Allocation {
+                bytes: n.saturating_mul(bytes[b]),
+                numel: n,
+                outer_prod: 1,
+            });
+        }
+        low.allocs.iter().find(|a| a.buffer == b).map(|a| {
+            let n = numel(&low.shapes[b]);
+            alloc::Allocation {
+                bytes: n.saturating_mul(bytes[b]),
+                numel: n,
+                outer_prod: a
+                    .loops
+                    .iter()
+                    .fold(1i64, |p, &l| p.saturating_mul(low.loops[l].extent)),
+            }
+        })
+    };
+    let mut touched = access::Touched::default();
+    let mut order: Vec<usize> = Vec::new();
+    let mut row_of: HashMap<usize, Vec<f64>> = HashMap::new();
+    for s in &low.stores {
+        if s.constant {
+            continue;
+        }
+        let nest = LoopNest {
+            loops: s.loops.iter().map(|&l| low.loops[l].clone()).collect(),
+            ids: s.loops.clone(),
+            prod: s
+                .loops
+                .iter()
+                .fold(1i64, |p, &l| p.saturating_mul(low.loops[l].extent)),
+            is_gpu: false,
+        };
+        let mut v = Vec::with_capacity(N_FEATURES);
+        let ops = arith::ArithOps::of_value(&s.value, nest.prod as f64, &|b| is_float[b]);
+        arith::export(&ops, &nest, &mut v);
+        let acc = access::analyze(
+            s.buffer,
+            &s.indices,
+            &s.value,
+            &nest,
+            &info,
+            CACHE_LINE_BYTES,
+            &mut touched,
+        );
+        acc.export(BUFFERS_PER_STORE, &mut v);
+        v.extend(intensity::curve(
+            CURVE_SAMPLES,
+            &nest,
+            &acc.for_touched_bytes,
+            ops.float_total(),
+        ));
+        alloc::export_alloc(allocation(s.buffer), nest.prod, &mut v);
+        alloc::export_outer(&nest, &mut v);
+        debug_assert_eq!(v.len(), N_FEATURES);
+        if !row_of.contains_key(&s.buffer) {
+            order.push(s.buffer);
+        }
+        row_of.insert(s.buffer, v);
+    }
+    order
+        .iter()
+        .flat_map(|b| row_of[b].iter().map(|&x| x as f32))
+        .collect()
+}
+
+/// Replays each trace (postprocessing instructions included) on the program and extracts its
+/// features, in parallel; the result does not depend on the thread count.
+pub fn extract_traces(program: &Program, traces: &[String]) -> Vec<Result<Vec<f32>>> {
+    let base = State::from_program(program);
+    traces
+        .par_iter()
+        .map(|t| {
+            let mut st = base.clone()?;
+            let trace = Trace::from_json(t)?;
+            trace::apply_trace(&mut st, &trace, false)?;
+            extract_state(&st)
+        })
+        .collect()
+}
+
+/// [`extract_traces`] from JSON, failing on the first candidate that fails (naming it).
+pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f32>, Vec<usize>)> {
+    let program = Program::from_json(program_json)?;
+    let mut data = Vec::new();
+    let mut counts = Vec::with_capacity(traces.len());
+    for (i, r) in extract_traces(&program, traces).into_iter().enumerate() {
+        let rows = r.map_err(|e| match e {
+            Error::Schedule {
+                instruction,
+                message,
+            } => Error::Schedule {
+                instruction,
+                message: format!("candidate {i}: {message}"),
+            },
+            Error::InvalidTrace(m) => Error::InvalidTrace(format!("candidate {i}: {m}")),
+            Error::Unsupported(m) => Error::Unsupported(format!("candidate {i}: {m}")),
+            Error::Malformed(m) => Error::Malformed(format!("candidate {i}: {m}")),
+            Error::Internal(m) => Error::Internal(format!("candidate {i}: {m}")),
+        })?;
+        counts.push(rows.len() / N_FEATURES);
+        data.extend(rows);
+    }
+    Ok((data, counts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn fixture() -> Vec<(Program, Vec<String>)> {
+        let path = format!(
+            "{}/tests/fixtures/features_candidates.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        v.as_object()
+            .unwrap()
+            .values()
+            .map(|c| {
+                let p = Program::from_json(&c["program"].to_string()).unwrap();
+                let t = c["traces"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_str().unwrap().to_string())
+                    .collect();
+                (p, t)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slog_is_log2_of_magnitude_plus_one() {
+        assert_eq!(slog(0.0), 0.0);
+        assert_eq!(slog(1.0), 1.0);
+        assert_eq!(slog(-3.0), 2.0);
+    }
+
+    #[test]
+    fn every_candidate_gives_full_finite_rows() {
+        for (program, traces) in fixture() {
+            for rows in extract_traces(&program, &traces) {
+                let rows = rows.unwrap();
+                assert!(!rows.is_empty());
+                assert_eq!(rows.len() % N_FEATURES, 0);
+                assert!(rows.iter().all(|x| x.is_finite()));
+            }
+        }
+    }
+
+    #[test]
+    fn same_rows_on_any_thread_count() {
+        for (program, traces) in fixture() {
+            let run = |n| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap()
+                    .install(|| extract_traces(&program, &traces))
+            };
+            assert_eq!(run(1), run(3));
+        }
+    }
+
+    #[test]
+    fn malformed_traces_are_errors() {
+        let (program, _) = fixture().remove(0);
+        let bad = vec![
+            "[".to_string(),
+            "[[[\"Split\", [\"l9\"], [], []]], []]".to_string(),
+        ];
+        for r in extract_traces(&program, &bad) {
+            assert!(r.is_err());
+        }
+    }
+}

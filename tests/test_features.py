@@ -1,0 +1,207 @@
+"""Per-store features computed by fastsearch's engine against MetaSchedule's PerStoreFeature.
+
+The candidates are MetaSchedule's own CPU design spaces with random decisions and TVM's
+postprocessors applied, and fastsearch's own sketches (``sample_candidates``, postprocessed by
+TVM). Both sides see the same trace: TVM extracts from the scheduled module, we replay the
+trace JSON through our engine. Row counts must be equal, values within 1e-3 (log scale).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch.errors import FastsearchError
+from fastsearch.features import (
+    FEATURE_NAMES,
+    N_FEATURES,
+    design_space_candidates,
+    extract_features,
+    extract_features_json,
+)
+from fastsearch.loop_nest import trace_json
+from fastsearch.sample import sample_candidates
+from fastsearch.tir_import import program_json
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
+
+FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
+SPACE_CANDIDATES = 40
+SKETCH_CANDIDATES = 40
+TOLERANCE = 1e-3
+# Column of the first buffer-access feature.
+BUFFER0 = 57
+
+
+def target() -> tvm.target.Target:
+    return tvm.target.Target(
+        {"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+    )
+
+
+def tune_context(func: tvm.tirx.PrimFunc) -> ms.TuneContext:
+    return ms.TuneContext(
+        mod=tvm.IRModule({"main": func}),
+        target=target(),
+        space_generator="post-order-apply",
+        num_threads=1,
+    )
+
+
+def space_candidates(func: tvm.tirx.PrimFunc, n: int) -> list[tvm.s_tir.Schedule]:
+    return design_space_candidates(func, target(), n)
+
+
+def tvm_features(ctx: ms.TuneContext, func: tvm.tirx.PrimFunc, schs: list) -> list[np.ndarray]:
+    args = ms.arg_info.ArgInfo.from_prim_func(func)
+    cands = [ms.MeasureCandidate(s, args) for s in schs]
+    return [t.numpy() for t in ms.feature_extractor.PerStoreFeature().extract_from(ctx, cands)]
+
+
+def close(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(np.abs(a - b) <= TOLERANCE))
+
+
+def first_difference(ours: np.ndarray, theirs: np.ndarray, same_names: bool) -> str | None:
+    """None when equal; otherwise the first differing row and feature, by name.
+
+    PerStoreFeature orders a store's buffers by lines, then bytes, then name; two buffers equal
+    on all three (possible only when the function has two buffers of the same name, as DEP's
+    two ``placeholder``) come in its hash map's order, which follows memory addresses. With
+    ``same_names``, such a tied pair may come in either order."""
+    if ours.shape != theirs.shape:
+        return f"shape {ours.shape} != {theirs.shape}"
+    ours = ours.copy()
+    if same_names:
+        for r in range(len(ours)):
+            for b in range(4):
+                x = slice(BUFFER0 + 18 * b, BUFFER0 + 18 * (b + 1))
+                y = slice(BUFFER0 + 18 * (b + 1), BUFFER0 + 18 * (b + 2))
+                tied = ours[r, x][3] == ours[r, y][3] and ours[r, x][5] == ours[r, y][5]
+                a, b = ours[r, x].copy(), ours[r, y].copy()
+                if tied and close(a, theirs[r, y]) and close(b, theirs[r, x]):
+                    ours[r, x], ours[r, y] = b, a
+    bad = np.argwhere(np.abs(ours - theirs) > TOLERANCE)
+    if len(bad) == 0:
+        return None
+    r, c = bad[0]
+    return (
+        f"row {r} {FEATURE_NAMES[c]}: ours {ours[r, c]:.4f}, TVM {theirs[r, c]:.4f} "
+        f"({len(bad)} values differ)"
+    )
+
+
+def ours_per_candidate(program: str, texts: list[str]) -> list[np.ndarray | str]:
+    """Our features, or the engine's error for a candidate it cannot replay."""
+    try:
+        return list(extract_features_json(program, texts))
+    except FastsearchError:
+        out: list[np.ndarray | str] = []
+        for text in texts:
+            try:
+                out.append(extract_features_json(program, [text])[0])
+            except FastsearchError as e:
+                out.append(f"{type(e).__name__}: {e}")
+        return out
+
+
+def compare(family: str, kind: str, func, schs) -> list[str]:
+    ctx = tune_context(func)
+    theirs = tvm_features(ctx, func, schs)
+    ours = ours_per_candidate(program_json(func), [trace_json(s.trace) for s in schs])
+    names = [str(b.name) for b in func.params]
+    same_names = len(names) != len(set(names))
+    failures = []
+    unsupported = []
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        if isinstance(o, str):
+            unsupported.append(f"{family} {kind} candidate {i}: {o}")
+            continue
+        d = first_difference(o, t, same_names)
+        if d is not None:
+            failures.append(f"{family} {kind} candidate {i}: {d}")
+    print(f"{family} {kind}: {len(schs) - len(unsupported)} compared, {len(failures)} differ")
+    # A candidate the engine cannot replay yet is reported, not compared; most must replay.
+    if unsupported:
+        warnings.warn("engine cannot replay: " + "; ".join(unsupported), stacklevel=2)
+    assert len(unsupported) <= len(schs) // 4, "\n".join(unsupported)
+    return failures
+
+
+# Grouped convolution: TVM compacts the padding buffer from the consumer's read region, which
+# its region analysis bounds with max/min offsets (an 80-channel buffer where 16 are read), and
+# keeps the group's channel division unsimplified in some indices; neither is modelled yet.
+KNOWN_GAPS = {"GRP"}
+
+
+def family_param(family: str):
+    if family in KNOWN_GAPS:
+        return pytest.param(
+            family,
+            marks=pytest.mark.xfail(reason="TVM compaction of grouped padding not modelled", strict=False),
+        )
+    return family
+
+
+@pytest.mark.parametrize("family", [family_param(f) for f in FAMILIES])
+def test_matches_per_store_feature_on_design_spaces(family: str) -> None:
+    func = te_workload.create_te_workload(family, 0)
+    schs = space_candidates(func, SPACE_CANDIDATES)
+    assert len(schs) >= SPACE_CANDIDATES // 2
+    failures = compare(family, "design space", func, schs)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("family", [family_param(f) for f in FAMILIES])
+def test_matches_per_store_feature_on_sketches(family: str) -> None:
+    func = te_workload.create_te_workload(family, 0)
+    cands = sample_candidates(func, target(), SKETCH_CANDIDATES, seed=7)
+    assert cands
+    failures = compare(family, "sketch", func, [c.schedule for c in cands])
+    assert not failures, "\n".join(failures)
+
+
+def test_trace_objects_and_json_agree() -> None:
+    func = te_workload.create_te_workload("GMM", 0)
+    schs = space_candidates(func, 4)
+    from_objects = extract_features(func, [s.trace for s in schs], target())
+    from_json = extract_features_json(program_json(func), [trace_json(s.trace) for s in schs])
+    for a, b in zip(from_objects, from_json):
+        assert a.dtype == np.float32 and a.shape[1] == N_FEATURES
+        np.testing.assert_array_equal(a, b)
+
+
+def test_same_output_on_any_thread_count() -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, sys\n"
+        "from tvm.s_tir.meta_schedule.testing import te_workload\n"
+        "from fastsearch.sample import sample_candidates\n"
+        "from fastsearch.features import extract_features\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_features import target\n"
+        "func = te_workload.create_te_workload('C2D', 0)\n"
+        "cands = sample_candidates(func, target(), 16, seed=3)\n"
+        "rows = extract_features(func, [c.trace for c in cands])\n"
+        "sys.stdout.buffer.write(np.concatenate(rows).tobytes())\n"
+    )
+    outs = []
+    for threads in ("1", "2"):
+        env = dict(os.environ, RAYON_NUM_THREADS=threads)
+        outs.append(
+            subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True).stdout
+        )
+    assert outs[0] and outs[0] == outs[1]
+
+
+def test_bad_trace_is_a_typed_error() -> None:
+    func = te_workload.create_te_workload("GMM", 0)
+    with pytest.raises(FastsearchError):
+        extract_features_json(program_json(func), ['[[["Split", ["l0"], [], []]], []]'])
+    with pytest.raises(FastsearchError):
+        extract_features_json(program_json(func), ["not json"])
