@@ -67,13 +67,7 @@ fn relaxed_region(
     under: Option<LoopId>,
 ) -> Result<Vec<(Lin, i64, i64)>> {
     let sb = &st.blocks[b];
-    let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
-    let map = |v: &str| {
-        names
-            .iter()
-            .position(|n| *n == v)
-            .map(|i| sb.bindings[i].clone())
-    };
+    let map = |v: &str| sb.binding_of(v);
     let all = st.ranges();
     let loops = st.loops_of(b);
     let start = under

@@ -37,13 +37,7 @@ fn required_regions(
     for &rb in blocks {
         let sb = &st.blocks[rb];
         let relaxed = inner_ranges(st, rb, target);
-        let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
-        let map = |v: &str| {
-            names
-                .iter()
-                .position(|n| *n == v)
-                .map(|i| sb.bindings[i].clone())
-        };
+        let map = |v: &str| sb.binding_of(v);
         let accesses = if writes {
             &sb.block.writes
         } else {

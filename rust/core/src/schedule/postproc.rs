@@ -33,13 +33,7 @@ fn has_ann_or_binding(st: &State, l: LoopId) -> bool {
 /// How many innermost loops can be fused into one contiguous (vectorizable) access.
 fn max_fusible(st: &State, b: BlockId, ls: &[LoopId]) -> i64 {
     let sb = &st.blocks[b];
-    let names: Vec<&str> = sb.block.iter_vars.iter().map(|v| v.name.as_str()).collect();
-    let map = |v: &str| {
-        names
-            .iter()
-            .position(|n| *n == v)
-            .map(|i| sb.bindings[i].clone())
-    };
+    let map = |v: &str| sb.binding_of(v);
     let ranges = st.ranges();
     let mut best = i64::MAX;
     for acc in sb.block.reads.iter().chain(&sb.block.writes) {

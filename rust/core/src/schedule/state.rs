@@ -42,6 +42,17 @@ pub struct SBlock {
     pub alive: bool,
 }
 
+impl SBlock {
+    /// The value bound to iteration variable `var`, in terms of loop variables.
+    pub fn binding_of(&self, var: &str) -> Option<Expr> {
+        self.block
+            .iter_vars
+            .iter()
+            .position(|v| v.name == var)
+            .map(|i| self.bindings[i].clone())
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct State {
     pub name: String,
