@@ -6,33 +6,10 @@ use crate::error::{Error, Result};
 use crate::program::{Access, Block, Buffer, Expr, IterKind, IterVar, Store};
 
 fn rename_buffer(e: &Expr, from: usize, to: usize) -> Expr {
-    match e {
-        Expr::Load { buffer, indices } => Expr::Load {
-            buffer: if *buffer == from { to } else { *buffer },
-            indices: indices.iter().map(|i| rename_buffer(i, from, to)).collect(),
-        },
-        Expr::Bin(op, a, b) => Expr::Bin(
-            *op,
-            Box::new(rename_buffer(a, from, to)),
-            Box::new(rename_buffer(b, from, to)),
-        ),
-        Expr::Not(a) => Expr::Not(Box::new(rename_buffer(a, from, to))),
-        Expr::Select(c, a, b) => Expr::Select(
-            Box::new(rename_buffer(c, from, to)),
-            Box::new(rename_buffer(a, from, to)),
-            Box::new(rename_buffer(b, from, to)),
-        ),
-        Expr::Cast { dtype, value } => Expr::Cast {
-            dtype: dtype.clone(),
-            value: Box::new(rename_buffer(value, from, to)),
-        },
-        Expr::Call { name, dtype, args } => Expr::Call {
-            name: name.clone(),
-            dtype: dtype.clone(),
-            args: args.iter().map(|a| rename_buffer(a, from, to)).collect(),
-        },
-        _ => e.clone(),
-    }
+    super::compute::replace_loads(e, from, &|indices| Expr::Load {
+        buffer: to,
+        indices: indices.to_vec(),
+    })
 }
 
 /// Replaces buffer `from` by `to` in a block's accesses (reads if `reads`, writes if `writes`).

@@ -418,7 +418,7 @@ fn store_vars(st: &State, inst: &str, b: BlockId) -> Result<(Store, Vec<String>)
     Ok((store.clone(), vars))
 }
 
-fn replace_loads(e: &Expr, buffer: usize, f: &impl Fn(&[Expr]) -> Expr) -> Expr {
+pub(super) fn replace_loads(e: &Expr, buffer: usize, f: &impl Fn(&[Expr]) -> Expr) -> Expr {
     match e {
         Expr::Load { buffer: b, indices } if *b == buffer => {
             let idx: Vec<Expr> = indices
