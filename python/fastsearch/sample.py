@@ -108,11 +108,20 @@ def vector_bytes(target: tvm.target.Target) -> int:
     return 16
 
 
+def base_schedule(func: tvm.tirx.PrimFunc) -> Schedule:
+    """An untouched schedule of ``func`` that :func:`replay` copies for every candidate."""
+    return Schedule(tvm.IRModule({"main": fresh_copy(func)}))
+
+
 def replay(
-    func: tvm.tirx.PrimFunc, trace_json: str | list[Any], postprocessor: Postprocessor | None
+    source: tvm.tirx.PrimFunc | Schedule, trace_json: str | list[Any], postprocessor: Postprocessor | None
 ) -> Schedule | None:
-    """Applies a trace to a fresh schedule of ``func``; None when TVM refuses it."""
-    sch = Schedule(tvm.IRModule({"main": fresh_copy(func)}))
+    """Applies a trace to a fresh schedule of ``source``; None when TVM refuses it.
+
+    ``source`` is the function, or better a :func:`base_schedule` of it: copying a schedule
+    shares the unchanged IR (copy on write) and costs a tenth of copying the function.
+    """
+    sch = source.copy() if isinstance(source, Schedule) else base_schedule(source)
     obj = json.loads(trace_json) if isinstance(trace_json, str) else trace_json
     try:
         Trace.apply_json_to_schedule(obj, sch)
@@ -135,6 +144,7 @@ def sample_candidates(
     program = program_json(func)
     postprocessor = postprocessor or Postprocessor(func, target)
     excluded = list(exclude)
+    base = base_schedule(func)
     out: list[Candidate] = []
     rejected = 0
     draw_seed = seed
@@ -142,7 +152,7 @@ def sample_candidates(
     for _ in range(4):
         keys = _core.sample_sketches(program, num_cores(target), n - len(out), draw_seed, excluded)
         for key in keys:
-            sch = replay(func, key, postprocessor)
+            sch = replay(base, key, postprocessor)
             if sch is None:
                 rejected += 1
                 continue

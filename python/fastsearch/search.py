@@ -16,7 +16,7 @@ import tvm
 
 from fastsearch import _core
 from fastsearch.cost_model import CostModel
-from fastsearch.sample import Candidate, Postprocessor, num_cores, replay, vector_bytes
+from fastsearch.sample import Candidate, Postprocessor, base_schedule, num_cores, replay, vector_bytes
 from fastsearch.tir_import import program_json
 
 #: Records needed before the learned model is used at all, and until it takes over fully.
@@ -46,6 +46,7 @@ class ModelGuidedSampler:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
         self.strategy = strategy
         self.program = program_json(func)
+        self.base = base_schedule(func)
         self.cores = num_cores(target)
         self.vector_bytes = vector_bytes(target)
         self.history = history
@@ -103,7 +104,7 @@ class ModelGuidedSampler:
         out: list[Candidate] = []
         for key, genome, _score in proposals:
             self.genomes[key] = genome
-            sch = replay(func, key, self.postprocessor)
+            sch = replay(self.base, key, self.postprocessor)
             if sch is not None:
                 out.append(Candidate(key, sch))
         return out

@@ -76,6 +76,9 @@ fn placement(p: &Program) -> Vec<(usize, Vec<i64>, bool)> {
     w.out
 }
 
+/// Calls too costly to duplicate into every consumer by inlining.
+const EXPENSIVE_CALLS: &[&str] = &["tirx.exp", "tir.exp"];
+
 pub fn analyze(p: &Program) -> Vec<BlockInfo> {
     placement(p)
         .into_iter()
@@ -126,11 +129,24 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     .map(|v| v.extent)
                     .product()
             };
+            // As MetaSchedule's CPU AutoInline: inlining `exp` would recompute it in every consumer.
+            let mut expensive = false;
+            for store in &block.body {
+                store.value.visit(&mut |e| {
+                    if let Expr::Call { name, .. } = e {
+                        expensive |= EXPENSIVE_CALLS.contains(&name.as_str());
+                    }
+                });
+            }
             BlockInfo {
                 block: b,
                 simple_loops,
                 spatial,
-                inlinable: spatial && identity_write && !output && block.body.len() == 1,
+                inlinable: spatial
+                    && identity_write
+                    && !output
+                    && block.body.len() == 1
+                    && !expensive,
                 output,
                 reuse,
                 spatial_extent: extent_of(IterKind::Spatial),

@@ -51,6 +51,8 @@ impl CpuTarget {
 
 /// Largest innermost tile factor, as in MetaSchedule's CPU multi-level tiling.
 pub const MAX_INNERMOST_FACTOR: i64 = 64;
+/// Shortest reduction worth an rfactor option.
+pub const MIN_RFACTOR_EXTENT: i64 = 16;
 /// Unroll depths the annotation draws from (`pragma_auto_unroll_max_step`).
 pub const UNROLL_CANDIDATES: [i64; 4] = [0, 16, 64, 512];
 pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
@@ -191,13 +193,22 @@ impl SketchSpace {
                         }
                     }
                 }
+                // As MetaSchedule: too little spatial parallelism for the cores, and a longer
+                // reduction to take it from.
+                if info.spatial_extent < info.reduce_extent
+                    && info.spatial_extent <= target.num_cores * 16
+                    && self.rfactor_applies(program, info)
+                {
+                    options.push(Rule::RFactor { outer: false });
+                    options.push(Rule::RFactor { outer: true });
+                }
             } else {
                 options.push(Rule::Root);
-                let low_parallelism =
-                    info.spatial_extent < target.num_cores * 8 && info.reduce_extent >= 64;
+                // A reduction without reuse gains from rfactor whenever it is long enough to
+                // split: partial results break the dependency chain and vectorize.
                 if info.simple_loops
                     && !info.spatial
-                    && low_parallelism
+                    && info.reduce_extent >= MIN_RFACTOR_EXTENT
                     && self.rfactor_applies(program, info)
                 {
                     options.push(Rule::RFactor { outer: false });

@@ -1,0 +1,399 @@
+"""Suite comparison: fastsearch vs MetaSchedule's ``tune_tir`` over workloads and seeds.
+
+Each (workload, seed) is one run: both tuners, one after the other in this process, with the same
+target (host CPU with ``mcpu`` and ``num-cores``), the same number of measured trials and the same
+seed, each in a fresh work directory. For every checkpoint in ``--trials`` (e.g. 64 and 256, read
+off one run of the largest), the best record of each tuner among its first N measured is compiled
+from its database and the two kernels are re-timed here, interleaved, with one ``time_evaluator``
+setting, so the ratio does not depend on how either tuner measured while tuning.
+
+Also recorded per run: both tuning curves (best latency against trials and against wall time),
+wall times, fastsearch's time breakdown, MetaSchedule's profiler scopes (its EvoSearch scopes are
+its search time), and time to parity (wall time until fastsearch's best during tuning is at least
+as fast as MetaSchedule's final best during tuning).
+
+One JSON per run goes to ``--out-dir``; runs already there are skipped, so an interrupted suite
+resumes. ``--report`` aggregates every run found into ``suite.md`` and PNG curves:
+
+    python benches/suite.py --workloads GMM:2 C2D:1 --seeds 0 1 2 --trials 64 --out-dir suite64
+    python benches/suite.py --out-dir suite64 --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import tvm
+from fastsearch.cli import load_workload
+from fastsearch.measure import build_module
+from fastsearch.target import physical_cores, resolve_target
+from fastsearch.tune import tune
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_gmm import retime
+
+#: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
+DEFAULT_WORKLOADS = ["GMM:2", "C1D:2", "C2D:1", "C2D:3", "DEP:1", "CBR:1", "TBG:0", "SFM:0"]
+
+
+class _Curve(ms.measure_callback.PyMeasureCallback):
+    """Timestamps every measured batch of MetaSchedule with its run times: its tuning curve."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.points: list[tuple[float, float | None]] = []  # (elapsed s, mean us or None)
+
+    def apply(
+        self,
+        task_scheduler: Any,
+        task_id: int,
+        measure_candidates: Any,
+        builder_results: Any,
+        runner_results: Any,
+    ) -> None:
+        now = time.perf_counter() - self.start
+        for res in runner_results:
+            secs = [float(s) for s in res.run_secs] if res.run_secs is not None else []
+            ok = res.error_msg is None and secs and max(secs) < 1e9
+            self.points.append((now, statistics.fmean(secs) * 1e6 if ok else None))
+
+
+_Curve = derived_object(_Curve)
+
+
+def _records_in_order(work_dir: Path, func: Any) -> list[ms.database.TuningRecord]:
+    """Tuning records in the order they were committed (the JSON lines' order)."""
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    workload = db.commit_workload(_normalize_mod(func))
+    out = []
+    for line in (work_dir / "database_tuning_record.json").read_text().splitlines():
+        if line.strip():
+            _, rec = json.loads(line)
+            out.append(ms.database.TuningRecord.from_json(rec, workload))
+    return out
+
+
+def _mean_us(rec: ms.database.TuningRecord) -> float:
+    secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else []
+    return statistics.fmean(secs) * 1e6 if secs and max(secs) < 1e9 else math.inf
+
+
+def _compile(rec: ms.database.TuningRecord, target: tvm.target.Target) -> Any:
+    sch = tvm.s_tir.Schedule(rec.workload.mod)
+    rec.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm.compile(sch.mod, target=target)
+
+
+def _best_within(records: list[ms.database.TuningRecord], n: int) -> ms.database.TuningRecord | None:
+    measured = [r for r in records[:n] if math.isfinite(_mean_us(r))]
+    return min(measured, key=_mean_us) if measured else None
+
+
+def _curve(points: list[tuple[int, float, float | None]]) -> list[list[float | None]]:
+    """[trial, elapsed s, best us so far] from (trial, elapsed, latency) points."""
+    best = math.inf
+    out: list[list[float | None]] = []
+    for trial, elapsed, lat in points:
+        if lat is not None:
+            best = min(best, lat)
+        out.append([trial, elapsed, best if math.isfinite(best) else None])
+    return out
+
+
+def run_one(workload: str, seed: int, checkpoints: list[int], repeat: int, work: Path) -> dict[str, Any]:
+    wl = load_workload(workload)
+    func = wl.func
+    target = resolve_target(None)
+    trials = max(checkpoints)
+    load_start = os.getloadavg()[0]
+
+    t0 = time.perf_counter()
+    fs = tune(
+        func, target, trials=trials, seed=seed, work_dir=work / "fastsearch", name="main", progress=False
+    )
+    fs_wall = time.perf_counter() - t0
+    fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
+
+    t0 = time.perf_counter()
+    curve_cb = _Curve(t0)
+    with ms.Profiler() as profiler:
+        ms.tune_tir(
+            mod=func,
+            target=target,
+            work_dir=str(work / "metaschedule"),
+            max_trials_global=trials,
+            num_trials_per_iter=min(64, trials),
+            seed=seed,
+            builder=ms.builder.LocalBuilder(f_build=build_module),
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), curve_cb],
+        )
+    ms_wall = time.perf_counter() - t0
+    profile = {k: float(v) for k, v in profiler.get().items()}
+    ms_points = [(i + 1, el, lat) for i, (el, lat) in enumerate(curve_cb.points)]
+
+    fs_records = _records_in_order(work / "fastsearch", func)
+    ms_records = _records_in_order(work / "metaschedule", func)
+    result: dict[str, Any] = {
+        "workload": workload,
+        "shape": list(wl.shape),
+        "seed": seed,
+        "trials": trials,
+        "target": str(target),
+        "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "fastsearch": {
+            "wall_s": fs_wall,
+            "timing": dict(fs.timing),
+            "measured": fs.trials_measured,
+            "failed": fs.failed,
+            "curve": _curve(fs_points),
+        },
+        "metaschedule": {
+            "wall_s": ms_wall,
+            "profile": profile,
+            "measured": len(ms_records),
+            "failed": sum(1 for r in ms_records if not math.isfinite(_mean_us(r))),
+            "curve": _curve(ms_points),
+        },
+        "checkpoints": {},
+    }
+    for n in checkpoints:
+        fs_best, ms_best = _best_within(fs_records, n), _best_within(ms_records, n)
+        entry: dict[str, Any] = {
+            "fastsearch_tuned_us": _mean_us(fs_best) if fs_best else None,
+            "metaschedule_tuned_us": _mean_us(ms_best) if ms_best else None,
+        }
+        if fs_best and ms_best:
+            times = retime([_compile(fs_best, target), _compile(ms_best, target)], func, repeat)
+            entry["fastsearch_retimed_us"] = statistics.median(times[0]) * 1e6
+            entry["metaschedule_retimed_us"] = statistics.median(times[1]) * 1e6
+        # parity: fastsearch's best during tuning reaches MetaSchedule's final (at n) best
+        target_us = entry["metaschedule_tuned_us"]
+        entry["parity"] = None
+        if target_us is not None:
+            for trial, elapsed, best in result["fastsearch"]["curve"]:
+                if trial <= n and best is not None and best <= target_us:
+                    entry["parity"] = {"trial": trial, "elapsed_s": elapsed}
+                    break
+            ms_at_n = [p for p in result["metaschedule"]["curve"] if p[0] <= n]
+            entry["metaschedule_wall_at_n_s"] = ms_at_n[-1][1] if ms_at_n else None
+        result["checkpoints"][str(n)] = entry
+    result["load"] = [load_start, os.getloadavg()[0]]
+    return result
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
+
+
+def _evo_search_s(profile: dict[str, float]) -> float:
+    """MetaSchedule's search time: its EvoSearch scopes (sampling, evolution, scoring, picking),
+    each counted once (a scope nested in another recorded scope is inside its parent's time)."""
+    keys = [k for k in profile if k.startswith("EvoSearch/")]
+    return sum(profile[k] for k in keys if not any(k.startswith(p + "/") for p in keys if p != k))
+
+
+def report(out_dir: Path) -> str:
+    runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("run_*.json"))]
+    if not runs:
+        raise SystemExit(f"no runs in {out_dir}")
+    checkpoints = sorted({int(n) for r in runs for n in r["checkpoints"]})
+    workloads = list(dict.fromkeys(r["workload"] for r in runs))
+    lines = [
+        (
+            f"Runs: {len(runs)} ({len(workloads)} workloads x seeds {sorted({r['seed'] for r in runs})}); "
+            f"target `{runs[0]['target']}`; host {platform.processor() or platform.machine()}, "
+            f"{physical_cores()} physical cores; dates {min(r['date'] for r in runs)} to "
+            f"{max(r['date'] for r in runs)}."
+        ),
+        "",
+    ]
+    for n in checkpoints:
+        lines += [
+            f"### {n} trials",
+            "",
+            (
+                "| workload | seeds | latency ratio (re-timed, geomean over seeds) | per seed | "
+                "fastsearch re-timed us (median) | MetaSchedule re-timed us (median) | wall-time ratio | "
+                "time to parity / MetaSchedule wall |"
+            ),
+            "|---|---:|---:|---|---:|---:|---:|---|",
+        ]
+        all_ratios: list[float] = []
+        for wl in workloads:
+            rs = [r for r in runs if r["workload"] == wl and str(n) in r["checkpoints"]]
+            cps = [r["checkpoints"][str(n)] for r in rs]
+            ok = [
+                (r, c)
+                for r, c in zip(rs, cps)
+                if c.get("fastsearch_retimed_us") and c.get("metaschedule_retimed_us")
+            ]
+            if not ok:
+                continue
+            ratios = [c["fastsearch_retimed_us"] / c["metaschedule_retimed_us"] for _, c in ok]
+            wl_ratio = _geomean(ratios)
+            all_ratios.append(wl_ratio)
+            walls = []
+            parity = []
+            for r, c in ok:
+                ms_wall = c.get("metaschedule_wall_at_n_s") or r["metaschedule"]["wall_s"]
+                fs_curve = [p for p in r["fastsearch"]["curve"] if p[0] <= n]
+                walls.append(fs_curve[-1][1] / ms_wall if fs_curve else math.nan)
+                parity.append(f"{c['parity']['elapsed_s'] / ms_wall:.2f}" if c["parity"] else "not reached")
+            lines.append(
+                f"| {wl} | {len(ok)} | {wl_ratio:.3f} | {', '.join(f'{x:.2f}' for x in ratios)} | "
+                f"{statistics.median(c['fastsearch_retimed_us'] for _, c in ok):.1f} | "
+                f"{statistics.median(c['metaschedule_retimed_us'] for _, c in ok):.1f} | "
+                f"{_geomean(walls):.2f} | {', '.join(parity)} |"
+            )
+        lines += [
+            "",
+            f"Geometric mean of the latency ratio over {len(all_ratios)} workloads: **{_geomean(all_ratios):.3f}**",
+            "",
+        ]
+
+    # search time per measured candidate
+    fs_search = [r["fastsearch"]["timing"]["search"] / max(1, r["fastsearch"]["measured"]) for r in runs]
+    ms_search = [
+        _evo_search_s(r["metaschedule"]["profile"]) / max(1, r["metaschedule"]["measured"]) for r in runs
+    ]
+    lines += [
+        "### Search time per measured candidate",
+        "",
+        "| workload | fastsearch (ms) | MetaSchedule EvoSearch scopes (ms) | ratio |",
+        "|---|---:|---:|---:|",
+    ]
+    for wl in workloads:
+        idx = [i for i, r in enumerate(runs) if r["workload"] == wl]
+        f = statistics.fmean(fs_search[i] for i in idx) * 1e3
+        m = statistics.fmean(ms_search[i] for i in idx) * 1e3
+        lines.append(f"| {wl} | {f:.2f} | {m:.2f} | {f / m:.3f} |")
+    lines += [
+        "",
+        (
+            f"Over all runs: fastsearch {statistics.fmean(fs_search) * 1e3:.2f} ms, MetaSchedule "
+            f"{statistics.fmean(ms_search) * 1e3:.2f} ms per measured candidate, ratio "
+            f"**{statistics.fmean(fs_search) / statistics.fmean(ms_search):.3f}**."
+        ),
+        "",
+    ]
+    scopes: dict[str, list[float]] = {}
+    for r in runs:
+        for k, v in r["metaschedule"]["profile"].items():
+            scopes.setdefault(k, []).append(v)
+    lines += [
+        "MetaSchedule profiler scopes, mean seconds per run: "
+        + ", ".join(
+            f"{k} {statistics.fmean(v):.1f}"
+            for k, v in sorted(scopes.items(), key=lambda kv: -statistics.fmean(kv[1]))[:12]
+        ),
+        "",
+    ]
+    t_keys = ("search", "apply", "build", "run", "verify", "database", "model", "total")
+    lines += [
+        "fastsearch time breakdown, mean seconds per run: "
+        + ", ".join(
+            f"{k} {statistics.fmean(r['fastsearch']['timing'].get(k, 0.0) for r in runs):.1f}" for k in t_keys
+        ),
+        "",
+    ]
+    _plot(runs, workloads, out_dir)
+    lines.append(f"Curves: `{out_dir / 'curves_trials.png'}`, `{out_dir / 'curves_time.png'}`.")
+    text = "\n".join(lines) + "\n"
+    (out_dir / "suite.md").write_text(text)
+    return text
+
+
+def _plot(runs: list[dict[str, Any]], workloads: list[str], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 4
+    rows = math.ceil(len(workloads) / cols)
+    for axis, fname, label in (
+        (0, "curves_trials.png", "measured trials"),
+        (1, "curves_time.png", "wall time (s)"),
+    ):
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+        for ax, wl in zip(axes.flat, workloads):
+            for r in (r for r in runs if r["workload"] == wl):
+                for who, color in (("fastsearch", "tab:blue"), ("metaschedule", "tab:orange")):
+                    pts = [(p[axis], p[2]) for p in r[who]["curve"] if p[2] is not None]
+                    if pts:
+                        xs, ys = zip(*pts)
+                        ax.step(
+                            xs,
+                            ys,
+                            where="post",
+                            color=color,
+                            alpha=0.8,
+                            label=who if r["seed"] == min(x["seed"] for x in runs) else None,
+                        )
+            ax.set_title(wl)
+            ax.set_xlabel(label)
+            ax.set_ylabel("best latency (us)")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        for ax in list(axes.flat)[len(workloads) :]:
+            ax.axis("off")
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=90)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--trials", nargs="+", type=int, default=[64], help="checkpoints; one run of the largest"
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved repeats when re-timing")
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--report", action="store_true", help="only aggregate the runs in --out-dir")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.report:
+        for seed in args.seeds:
+            for wl in args.workloads:
+                path = out_dir / f"run_{wl.replace(':', '_')}_s{seed}_t{max(args.trials)}.json"
+                if path.exists():
+                    continue
+                print(f"{wl} seed {seed}, {max(args.trials)} trials ...", file=sys.stderr, flush=True)
+                work = Path(tempfile.mkdtemp(prefix=f"suite_{wl.replace(':', '_')}_s{seed}_"))
+                res = run_one(wl, seed, sorted(args.trials), args.repeat, work)
+                res["work_dir"] = str(work)
+                path.write_text(json.dumps(res, indent=1))
+                cp = res["checkpoints"][str(max(args.trials))]
+                if cp.get("fastsearch_retimed_us"):
+                    print(
+                        f"  ratio {cp['fastsearch_retimed_us'] / cp['metaschedule_retimed_us']:.3f}, wall "
+                        f"{res['fastsearch']['wall_s']:.0f} s vs {res['metaschedule']['wall_s']:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    print(report(out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
