@@ -11,7 +11,7 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.search import MIN_RECORDS, ModelGuidedSampler
+from fastsearch.search import MIN_RECORDS, ModelGuidedSampler, SearchState
 from fastsearch.tir_import import program_json
 from workloads import small
 
@@ -108,3 +108,52 @@ def test_cost_model_learns_a_ranking():
     model = CostModel()
     model.fit(rows[:150], lat[:150])
     assert pairwise_accuracy(model.predict(rows[150:]), lat[150:]) > 0.8
+
+
+def test_search_state_makes_a_later_run_start_warm(tmp_path):
+    """Genomes and the trained model persist next to the database; a new sampler on the same
+    directory trains on the earlier records and seeds its population from them at once."""
+    func = small("GMM")
+    history: dict[str, float] = {}
+    first = ModelGuidedSampler(
+        func,
+        TARGET,
+        "evolutionary",
+        lambda: history.items(),
+        population=64,
+        generations=2,
+        state=SearchState(tmp_path, "main"),
+    )
+    for r in range(3):
+        cands = first(func, TARGET, 6, r, set(history))
+        history.update((c.key, _fake_latency(c.key)) for c in cands)
+    saved = SearchState(tmp_path, "main")
+    assert set(history) <= set(saved.load_genomes())
+    model = saved.load_model()
+    assert model is not None and model[1] >= MIN_RECORDS
+
+    # a killed run leaves a torn last line: skipped, the rest still loads
+    with saved.genomes_path.open("a") as f:
+        f.write('{"key": "[[], []]", "gen')
+    assert set(history) <= set(SearchState(tmp_path, "main").load_genomes())
+
+    second = ModelGuidedSampler(
+        func,
+        TARGET,
+        "evolutionary",
+        lambda: history.items(),
+        population=64,
+        generations=2,
+        state=SearchState(tmp_path, "main"),
+    )
+    model_json, weight, seeds = second._train(dict(history))
+    assert model_json is not None and weight > 0
+    best = min(history, key=history.__getitem__)
+    assert seeds[0] == saved.load_genomes()[best]  # the best measured seeds the population
+
+    # with too few records of its own, a fresh sampler still starts from the saved model
+    third = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: {}, state=SearchState(tmp_path, "main"))
+    model_json, weight, _ = third._train({})
+    assert model_json is not None and weight > 0
+    rows = _core.sketch_feature_rows(third.program, 2, 64, list(saved.load_genomes().values())[:4])
+    assert np.isfinite(_core.forest_predict(model_json, rows)).all()  # the booster Rust evaluates

@@ -195,14 +195,19 @@ def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
 
         return make_random
     if strategy in STRATEGIES:
-        from fastsearch.search import ModelGuidedSampler
+        from fastsearch.search import ModelGuidedSampler, SearchState
 
         def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
             def history() -> list[tuple[str, float]]:
                 return [(k, math.inf if s is None else s) for k, s in _stored_results(db, task)]
 
             return ModelGuidedSampler(
-                fresh_copy(task.func), target, str(strategy), history, postprocessor=task.post
+                fresh_copy(task.func),
+                target,
+                str(strategy),
+                history,
+                postprocessor=task.post,
+                state=SearchState(db.path, task.name),
             )
 
         return make_guided
