@@ -41,16 +41,31 @@ class _Conv:
         self.bn_op = bn_op
 
     def __call__(
-        self, x: relax.Expr, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
+        self,
+        x: relax.Expr,
+        cin: int,
+        cout: int,
+        k: int,
+        stride: int = 1,
+        groups: int = 1,
         act: str | None = "relu",
     ) -> relax.Expr:
         bb = self.bb
-        y = bb.emit(R.nn.conv2d(x, _weight(cout, cin // groups, k, k), strides=stride,
-                                padding=k // 2, groups=groups))
+        y = bb.emit(
+            R.nn.conv2d(x, _weight(cout, cin // groups, k, k), strides=stride, padding=k // 2, groups=groups)
+        )
         if self.bn_op:
-            bn = bb.emit(R.nn.batch_norm(y, _weight(cout), _weight(cout), _weight(cout),
-                                         relax.const(np.ones(cout, "float32")), axis=1,
-                                         training=False))
+            bn = bb.emit(
+                R.nn.batch_norm(
+                    y,
+                    _weight(cout),
+                    _weight(cout),
+                    _weight(cout),
+                    relax.const(np.ones(cout, "float32")),
+                    axis=1,
+                    training=False,
+                )
+            )
             y = bb.emit(relax.TupleGetItem(bn, 0))
         else:
             y = bb.emit(R.multiply(y, _weight(1, cout, 1, 1)))
@@ -101,8 +116,15 @@ def resnet(depth: int, size: int = 32, bn_op: bool = True) -> tvm.IRModule:
 
 def mobilenet_v2(size: int = 32) -> tvm.IRModule:
     """MobileNetV2 (width 1/4): inverted residuals with depthwise convolutions and ReLU6."""
-    settings = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                (6, 160, 3, 2), (6, 320, 1, 1)]
+    settings = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
     data = _input("data", 1, 3, size, size)
 
     def body(bb: relax.BlockBuilder) -> relax.Expr:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+import fastsearch
 import numpy as np
 import pytest
 import tvm
-from partition_models import MODELS, branches_and_concat, long_chain, resnet
-from tvm import relax
-
-import fastsearch
 from fastsearch.partition import (
     extract_graph,
     fuse,
@@ -17,6 +14,8 @@ from fastsearch.partition import (
     partition_groups,
     prepare,
 )
+from partition_models import MODELS, branches_and_concat, long_chain, resnet
+from tvm import relax
 
 
 def _call_tir_callee(value: relax.Expr) -> str | None:

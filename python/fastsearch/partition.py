@@ -66,8 +66,10 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _is_call_tir(value: relax.Expr) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and (
-        value.op.name == "relax.call_tir"
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.Op)
+        and (value.op.name == "relax.call_tir")
     )
 
 
@@ -148,9 +150,7 @@ def extract_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
     return graph
 
 
-def partition_groups(
-    graph: OpGraph, max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH
-) -> list[list[int]]:
+def partition_groups(graph: OpGraph, max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH) -> list[list[int]]:
     """Node indices of each fusion group, in the order FuseOps emits them (GIL released)."""
     return _core.partition_graph(graph.to_json(), max_fuse_depth)
 
@@ -218,8 +218,7 @@ def _group_function(
         _lift_inputs(binding.value, defined, inputs)
         defined.add(binding.var)
     params = [
-        relax.Var(i.name if isinstance(i, relax.Var) else f"param_{n}", i.ty)
-        for n, i in enumerate(inputs)
+        relax.Var(i.name if isinstance(i, relax.Var) else f"param_{n}", i.ty) for n, i in enumerate(inputs)
     ]
     remap: dict[relax.Var, relax.Expr] = {}
     constants: list[tuple[relax.Expr, relax.Var]] = []
