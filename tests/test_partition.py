@@ -14,7 +14,7 @@ from fastsearch.partition import (
     partition_groups,
     prepare,
 )
-from partition_models import MODELS, branches_and_concat, long_chain, resnet
+from partition_models import MODELS, bert_layer, branches_and_concat, long_chain, resnet
 from tvm import relax
 
 
@@ -106,9 +106,18 @@ def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [item.numpy() for item in items]
 
 
-def test_fused_module_compiles_and_matches_unfused() -> None:
-    mod = branches_and_concat()
-    data = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype("float32")
+_COMPILED = {
+    "branches_and_concat": branches_and_concat,
+    "resnet18_folded_bn": lambda: resnet(18, size=32, bn_op=False),
+    "bert_layer": bert_layer,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COMPILED))
+def test_fused_module_compiles_and_matches_unfused(name: str) -> None:
+    mod = _COMPILED[name]()
+    shape = [int(d) for d in mod["main"].params[0].ty.shape]
+    data = np.random.default_rng(1).standard_normal(shape).astype("float32")
     fused = fuse(mod)
     # Exactly our groups reach the compiler: one PrimFunc call per group.
     calls = [
