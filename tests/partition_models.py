@@ -247,3 +247,49 @@ MODELS: dict[str, Callable[[], tvm.IRModule]] = {
     "long_chain": long_chain,
     "diamonds_and_reductions": diamonds_and_reductions,
 }
+
+
+def random_graph(seed: int, n: int = 30) -> tvm.IRModule:
+    """A random DAG of (8, 8) tensors: elementwise, broadcast, injective, reduction, matmul,
+    concat + split and several outputs."""
+    rng = np.random.default_rng(seed)
+    data = _input("data", 8, 8)
+
+    def body(bb: relax.BlockBuilder) -> relax.Expr:
+        values: list[relax.Expr] = [data]
+        used: set[int] = set()
+
+        def pick() -> relax.Expr:
+            # Mostly recent values, sometimes any: chains with skip connections.
+            i = len(values) - 1 - int(rng.integers(0, min(len(values), 4)))
+            if rng.random() < 0.2:
+                i = int(rng.integers(0, len(values)))
+            used.add(i)
+            return values[i]
+
+        for _ in range(n):
+            kind = int(rng.integers(0, 8))
+            if kind == 0:
+                v = bb.emit(R.nn.relu(pick()))
+            elif kind == 1:
+                v = bb.emit(R.add(pick(), pick()))
+            elif kind == 2:
+                v = bb.emit(R.multiply(pick(), _weight(8)))
+            elif kind == 3:
+                v = bb.emit(R.permute_dims(pick(), [1, 0]))
+            elif kind == 4:
+                v = bb.emit(R.matmul(pick(), pick()))
+            elif kind == 5:
+                s = bb.emit(R.sum(pick(), axis=[1], keepdims=True))
+                v = bb.emit(R.broadcast_to(s, (8, 8)))
+            elif kind == 6:
+                cat = bb.emit(R.concat([pick(), pick()], axis=0))
+                parts = bb.emit(R.split(cat, 2, axis=0))
+                v = bb.emit(relax.TupleGetItem(parts, int(rng.integers(0, 2))))
+            else:
+                v = bb.emit(R.exp(pick()))
+            values.append(v)
+        outputs = [v for i, v in enumerate(values[1:], 1) if i not in used or rng.random() < 0.1]
+        return relax.Tuple(outputs)
+
+    return _build([data], body)

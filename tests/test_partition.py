@@ -14,7 +14,7 @@ from fastsearch.partition import (
     partition_groups,
     prepare,
 )
-from partition_models import MODELS, bert_layer, branches_and_concat, long_chain, resnet
+from partition_models import MODELS, bert_layer, branches_and_concat, long_chain, random_graph, resnet
 from tvm import relax
 
 
@@ -132,3 +132,9 @@ def test_fused_module_compiles_and_matches_unfused(name: str) -> None:
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_random_graphs_match_fuse_ops(seed: int) -> None:
+    mod = random_graph(seed)
+    assert partition(mod) == _fuse_ops_groups(mod)
