@@ -87,6 +87,10 @@ def test_malformed_graph_is_a_fastsearch_error() -> None:
         fastsearch._core.partition_graph('{"nodes": [{"pattern": 9}]}')
     with pytest.raises(fastsearch.FastsearchError):
         fastsearch._core.partition_graph('{"nodes": [{"pattern": 0, "inputs": [0]}]}')
+    with pytest.raises(fastsearch.MalformedInput):
+        partition(long_chain(3), max_fuse_depth=0)
+    with pytest.raises(fastsearch.UnsupportedWorkload):
+        partition(tvm.IRModule())
 
 
 def test_group_module_is_well_formed_and_has_our_groups() -> None:

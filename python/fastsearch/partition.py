@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 
 from fastsearch import _core
-from fastsearch.errors import UnsupportedWorkload
+from fastsearch.errors import MalformedInput, UnsupportedWorkload
 
 #: TVM's default of ``relax.FuseOps.max_depth`` (``kMaxFusedOps``).
 DEFAULT_MAX_FUSE_DEPTH = 256
@@ -152,6 +152,8 @@ def extract_graph(mod: tvm.IRModule, func_name: str = "main") -> OpGraph:
 
 def partition_groups(graph: OpGraph, max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH) -> list[list[int]]:
     """Node indices of each fusion group, in the order FuseOps emits them (GIL released)."""
+    if max_fuse_depth < 1:
+        raise MalformedInput(f"max_fuse_depth must be at least 1, not {max_fuse_depth}")
     return _core.partition_graph(graph.to_json(), max_fuse_depth)
 
 
