@@ -14,6 +14,7 @@ from fastsearch.errors import (
     ScheduleError,
     UnsupportedWorkload,
 )
+from fastsearch.partition import partition
 from fastsearch.sample import sample
 from fastsearch.tune import TuneResult, tune
 
@@ -29,6 +30,7 @@ __all__ = [
     "TuneResult",
     "UnsupportedWorkload",
     "__version__",
+    "partition",
     "sample",
     "tune",
 ]

@@ -327,6 +327,21 @@ fn apply_trace(
     })
 }
 
+/// Partitions a model's operator graph (JSON, see `fastsearch_core::partition::Graph`) into
+/// the fusion groups of TVM's Relax FuseOps: node indices per group, groups in emission order.
+#[pyfunction]
+#[pyo3(signature = (graph_json, max_fuse_depth = fastsearch_core::partition::DEFAULT_MAX_FUSE_DEPTH))]
+fn partition_graph(
+    py: Python<'_>,
+    graph_json: String,
+    max_fuse_depth: usize,
+) -> PyResult<Vec<Vec<usize>>> {
+    guarded(py, "partition_graph", move || {
+        let config = fastsearch_core::partition::PartitionConfig { max_fuse_depth };
+        Ok(fastsearch_core::partition::partition_json(&graph_json, &config)?.groups)
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -349,6 +364,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         fastsearch_core::model::sketch_features::SKETCH_FEATURE_NAMES.to_vec(),
     )?;
     m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_graph, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
