@@ -31,7 +31,7 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
-from fastsearch.errors import MeasurementError, UnsupportedWorkload
+from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.measure import (
     FAILURE_KINDS,
     MeasureConfig,
@@ -563,7 +563,10 @@ def _as_candidate(task: _Task, item: Any) -> _Cand:
     key = getattr(item, "key", None)
     sch = getattr(item, "schedule", None)
     if not isinstance(key, str) or not isinstance(sch, Schedule):
-        raise TypeError(f"the sampler returned {type(item).__name__}; expected a Trace or a Candidate")
+        raise MalformedInput(
+            f"the sampler returned {type(item).__name__} {str(item)[:60]!r}; expected a "
+            "tvm.s_tir.Trace or a Candidate (key and schedule)"
+        )
     return _Cand(key, sch, None)
 
 
