@@ -34,14 +34,19 @@ def faulty_build(mod: tvm.IRModule, target: tvm.target.Target, params: dict | No
         os.abort()  # SIGABRT: the worker process dies
     if fault == "build hang":
         time.sleep(3600)
+    if fault in ("run crash", "run hang", "wrong answer"):
+        mod = fault_module(mod, fault)
+    return build_module(mod, target, params)
+
+
+def fault_module(mod: tvm.IRModule, kind: str) -> tvm.IRModule:
+    """``mod`` with a ``main`` of the same signature that aborts, hangs, or computes nothing."""
     body = {
         "run crash": tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", "abort")),
         "run hang": tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", "sleep", 3600)),
         "wrong answer": tvm.tirx.Evaluate(0),  # writes nothing: the output keeps its old values
-    }.get(fault or "")
-    if body is not None:
-        mod = tvm.IRModule({"main": mod["main"].with_body(body)})
-    return build_module(mod, target, params)
+    }[kind]
+    return tvm.IRModule({"main": mod["main"].with_body(body)})
 
 
 def faulty_trace(mod: tvm.IRModule, kind: str, block: str = "Z"):

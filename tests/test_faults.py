@@ -9,14 +9,16 @@ import json
 import cloudpickle
 import faults
 import numpy as np
+import pytest
 import tvm
 from fastsearch.cli import summary
 from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE
-from fastsearch.measure import MeasureConfig
+from fastsearch.measure import CandidateFault, MeasureConfig, Measurer, random_arguments
 from fastsearch.sample import sample_candidates
 from fastsearch.target import resolve_target
 from fastsearch.tune import APPLY_FAILURES_FILE, tune
 from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from workloads import matmul, small
 
@@ -96,3 +98,24 @@ def test_faulty_candidates_are_recorded_by_kind_and_the_run_completes(tmp_path):
     z = tvm.runtime.tensor(np.zeros((1, 16, 16), "float32"))
     lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y), z)
     np.testing.assert_allclose(z.numpy(), np.matmul(x, y), rtol=1e-5, atol=1e-5)
+
+
+def test_a_candidate_crashing_or_hanging_while_checked_spares_the_tuner(tmp_path):
+    """The output check runs a candidate on other inputs than the runner did; a crash or hang
+    there kills only the check's worker process, which the next check restarts."""
+    mod = _normalize_mod(small("GMM"))
+    arrays = random_arguments(ms.arg_info.ArgInfo.from_prim_func(mod["main"]), seed=5)
+    paths = {}
+    for kind in ("run crash", "run hang", "good"):
+        built = mod if kind == "good" else faults.fault_module(mod, kind)
+        paths[kind] = str(tmp_path / f"{kind.replace(' ', '_')}.so")
+        tvm.compile(built, target=TARGET).export_library(paths[kind])
+    with Measurer(TARGET, MeasureConfig(run_timeout_s=2)) as measurer:
+        with pytest.raises(CandidateFault) as crash:
+            measurer.run_isolated(paths["run crash"], arrays)
+        with pytest.raises(CandidateFault) as hang:
+            measurer.run_isolated(paths["run hang"], arrays)
+        out = measurer.run_isolated(paths["good"], arrays)
+    assert (crash.value.kind, hang.value.kind) == ("run crash", "run timeout")
+    x, y, _ = arrays
+    np.testing.assert_allclose(out[2], np.matmul(x, y), rtol=1e-5, atol=1e-5)

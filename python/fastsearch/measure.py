@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAILURE_KINDS",
+    "CandidateFault",
     "MeasureConfig",
     "MeasureResult",
     "Measurer",
@@ -72,6 +73,21 @@ def _failure_kind(stage: str, message: str) -> str:
     if "Subprocess terminated" in message:  # PopenWorker's ChildProcessError: the worker died
         return f"{stage} crash"
     return f"{stage} error"
+
+
+class CandidateFault(Exception):
+    """A candidate killed or hung the worker process that ran it; ``kind`` is ``"run crash"`` or
+    ``"run timeout"``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _run_artifact(path: str, arrays: list[np.ndarray], entry: str, dev_type: str) -> list[np.ndarray]:
+    """Worker side of :meth:`Measurer.run_isolated`."""
+    rt_mod = tvm.runtime.load_module(path)
+    return run_function(rt_mod, arrays, tvm.runtime.device(dev_type, 0), entry)
 
 
 @dataclass(frozen=True)
@@ -280,6 +296,7 @@ class Measurer:
         self.device_type = device_type(target)
         self.build_seconds = 0.0
         self.run_seconds = 0.0
+        self._isolated: Any = None  # PopenWorker of run_isolated, started on first use
 
     def __enter__(self) -> Self:
         return self
@@ -293,6 +310,34 @@ class Measurer:
         if pool is not None:
             with contextlib.suppress(Exception):  # the worker is already gone
                 pool.shutdown()
+        if self._isolated is not None:
+            with contextlib.suppress(Exception):
+                self._isolated.kill()
+            self._isolated = None
+
+    def run_isolated(
+        self, artifact_path: str, arrays: Sequence[np.ndarray], entry: str = "main"
+    ) -> list[np.ndarray]:
+        """Call ``entry`` of a built candidate on copies of ``arrays`` in a worker process of its
+        own and return every argument afterwards.
+
+        A candidate that passed the runner can still crash or hang on other inputs; here that
+        kills only the worker (restarted on the next call): :class:`CandidateFault` says which.
+        """
+        from tvm.support.popen_pool import PopenWorker
+
+        if self._isolated is None:
+            self._isolated = PopenWorker()
+        timeout = self.config.run_timeout_s
+        self._isolated.send(
+            _run_artifact, (artifact_path, list(arrays), entry, self.device_type), timeout=timeout
+        )
+        try:
+            return list(self._isolated.recv())
+        except TimeoutError:
+            raise CandidateFault("run timeout", f"killed after {timeout} seconds") from None
+        except ChildProcessError:
+            raise CandidateFault("run crash", "the worker process running it died") from None
 
     def measure(
         self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]

@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, 
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.measure import (
     FAILURE_KINDS,
+    CandidateFault,
     MeasureConfig,
     Measurer,
     MeasureResult,
@@ -44,7 +46,7 @@ from fastsearch.measure import (
 )
 from fastsearch.progress import ProgressBar
 from fastsearch.sample import Postprocessor, fresh_copy
-from fastsearch.target import TargetLike, device, device_type, resolve_target
+from fastsearch.target import TargetLike, device_type, resolve_target
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
@@ -605,10 +607,12 @@ def _run_batch(
                 break
             if verify:
                 t0 = time.perf_counter()
-                error = _check_candidate(task, batch[i].sch, results[i], target, rtol, atol, remote)  # type: ignore[arg-type]
+                sch = batch[i].sch
+                assert sch is not None
+                fault = _check_candidate(task, sch, results[i], target, rtol, atol, measurer, remote)
                 timing["verify"] += time.perf_counter() - t0
-                if error is not None:
-                    results[i].fail("wrong answer", f"wrong answer: {error}")
+                if fault is not None:
+                    results[i].fail(*fault)
                     continue
             task.best_secs = secs
             break
@@ -671,13 +675,16 @@ def _check_candidate(
     target: tvm.target.Target,
     rtol: float,
     atol: float,
+    measurer: Measurer,
     remote: RPCRunner | None = None,
-) -> str | None:
-    """Compare the candidate's outputs with the untuned function's on random inputs.
+) -> tuple[str, str] | None:
+    """Compare the candidate's outputs with the untuned function's on random inputs; returns
+    ``(failure kind, error)`` when it does not compute the same, crashes or hangs, else ``None``.
 
     Runs the measured artifact itself when the schedule keeps the argument layouts; a schedule
     that rewrites weight layouts is measured without the rewrite, so it is rebuilt whole here.
-    With a remote runner the candidate runs on one of the remote devices, where it was timed.
+    Locally the candidate runs in a worker process (it must not take the tuner down with it);
+    with a remote runner it runs on one of the remote devices, where it was timed.
     """
     try:
         if task.reference is None:
@@ -693,15 +700,19 @@ def _check_candidate(
         rewrites_layout = attrs is not None and "layout_free_buffers" in attrs
         if remote is not None:
             out = _run_remote(remote, sch, res, target, task, rewrites_layout)
+        elif res.artifact_path and not rewrites_layout:
+            out = measurer.run_isolated(res.artifact_path, task.inputs, task.entry)
         else:
-            if res.artifact_path and not rewrites_layout:
-                rt_mod = tvm.runtime.load_module(res.artifact_path)
-            else:
-                rt_mod = tvm.compile(sch.mod, target=target)
-            out = run_function(rt_mod, task.inputs, device(target), task.entry)
+            with tempfile.TemporaryDirectory(prefix="fastsearch_check_") as tmp:
+                path = os.path.join(tmp, "candidate.so")
+                tvm.compile(sch.mod, target=target).export_library(path)
+                out = measurer.run_isolated(path, task.inputs, task.entry)
+    except CandidateFault as fault:
+        return fault.kind, f"{fault.kind} while checking its output: {fault}"
     except Exception as exc:  # noqa: BLE001  (recorded as a failed candidate)
-        return f"cannot run the candidate for checking: {exc}"
-    return compare_outputs(task.reference, out, rtol=rtol, atol=atol)
+        return "wrong answer", f"wrong answer: cannot run the candidate for checking: {exc}"
+    diff = compare_outputs(task.reference, out, rtol=rtol, atol=atol)
+    return None if diff is None else ("wrong answer", f"wrong answer: {diff}")
 
 
 def _run_remote(
@@ -713,8 +724,6 @@ def _run_remote(
     rebuild: bool,
 ) -> list[np.ndarray]:
     """Run the candidate on a remote device on the task's inputs; returns every argument after."""
-    import tempfile
-
     assert task.inputs is not None
     with tempfile.TemporaryDirectory(prefix="fastsearch_check_") as tmp:
         path = res.artifact_path
