@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import tvm
-from fastsearch import DatabaseError
+from fastsearch import DatabaseError, DatabaseWarning
 from fastsearch.database import (
     FAILED_RUN_SECS,
     RECORD_FILE,
@@ -152,7 +152,9 @@ def test_torn_last_line_of_a_killed_run_is_set_aside(measured, gmm, tmp_path):
     whole = path.read_text()
     last = whole.splitlines()[-1]
     path.write_text(whole + last[: len(last) // 2])  # killed in the middle of an append
-    db = TuningDatabase(work)
+    with pytest.warns(DatabaseWarning, match="torn last line 4"):
+        db = TuningDatabase(work)
+    assert len(db.repairs) == 1 and str(path) in db.repairs[0]  # reported, not only repaired
     assert len(db.records(db.commit_workload(gmm))) == 3
     assert path.read_text() == whole
     assert (work / (RECORD_FILE + ".torn")).read_text() == last[: len(last) // 2] + "\n"

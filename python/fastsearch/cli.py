@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
-from fastsearch.measure import MeasureConfig
+from fastsearch.measure import MeasureConfig, RPCRunner
 from fastsearch.progress import format_latency
 
 __all__ = ["BuiltinWorkload", "list_workloads", "load_workload", "main", "summary", "workload_flops"]
@@ -116,7 +116,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         min_repeat_ms=args.min_repeat_ms,
         enable_cpu_cache_flush=args.cache_flush,
         build_workers=args.build_workers,
+        **({} if args.run_timeout is None else {"run_timeout_s": args.run_timeout}),
     )
+    runner = None
+    if args.rpc_tracker or args.rpc_key:
+        if not (args.rpc_tracker and args.rpc_key):
+            raise SystemExit("fastsearch: error: --rpc-tracker and --rpc-key go together")
+        runner = RPCRunner(tracker=args.rpc_tracker, key=args.rpc_key, max_workers=args.rpc_workers)
     print(
         f"tuning {wl.name} {wl.shape}: {args.trials} trials, {args.strategy} search, seed {args.seed}",
         file=sys.stderr,
@@ -133,6 +139,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         progress=not args.no_progress,
         name=wl.name,
+        runner=runner,
     )
     print(summary(wl.name, wl.shape, result, workload_flops(wl.func)))
     if args.history:
@@ -152,6 +159,11 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
         f"trials       {result.trials_measured} measured this run ({result.failed} failed), "
         f"{stored} already stored"
     )
+    failures = getattr(result, "failures", None) or {}
+    if failures:
+        lines.append("failed       " + ", ".join(f"{kind} {n}" for kind, n in failures.items()))
+    for repair in getattr(result, "repairs", None) or []:
+        lines.append(f"repaired     {repair}")
     t = result.timing
     parts = ", ".join(
         f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
@@ -187,6 +199,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-repeat-ms", type=int, default=40)
     p.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
+    p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
+    p.add_argument("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker: run remotely")
+    p.add_argument("--rpc-key", default=None, help="device key registered with the RPC tracker")
+    p.add_argument("--rpc-workers", type=int, default=None, help="remote runs at once (default: servers)")
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

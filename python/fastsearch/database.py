@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.tirx import FloatImm, IntImm
 from tvm_ffi import Array, Map, structural_equal, structural_hash
 
-from fastsearch.errors import DatabaseError
+from fastsearch.errors import DatabaseError, DatabaseWarning
 
 #: MetaSchedule's stub run time for a candidate with no measurement (``kMaxMeanTime``).
 FAILED_RUN_SECS = 1e10
@@ -78,11 +79,12 @@ def mean_run_secs(run_secs: Sequence[float] | None) -> float:
     return sum(float(s) for s in run_secs) / len(run_secs)
 
 
-def _check_json_lines(path: Path, kind: str, num_workloads: int | None) -> int:
+def _check_json_lines(path: Path, kind: str, num_workloads: int | None, repairs: list[str]) -> int:
     """Validate a JSON-lines database file; repair a torn final line left by a killed run.
 
-    Returns the number of valid lines. A line that is not valid JSON (other than a torn final
-    line without its newline) raises :class:`DatabaseError` naming the file and line.
+    Returns the number of valid lines; a repair is described in ``repairs``. A line that is not
+    valid JSON (other than a torn final line without its newline) raises :class:`DatabaseError`
+    naming the file and line.
     """
     if not path.exists():
         return 0
@@ -115,6 +117,10 @@ def _check_json_lines(path: Path, kind: str, num_workloads: int | None) -> int:
                 f.write(torn + "\n")
             with open(path, "r+b") as f:
                 f.truncate(len(data) - len(torn.encode("utf-8")))
+            repairs.append(
+                f"dropped the torn last line {len(lines)} of {path} ({len(torn)} characters, "
+                f"a run killed while writing it); kept in {backup}"
+            )
     return count
 
 
@@ -136,6 +142,29 @@ def _check_line(path: Path, kind: str, lineno: int, line: str, num_workloads: in
             raise DatabaseError(f"corrupt {kind} file {path}, line {lineno}: malformed tuning record")
 
 
+def _first_bad_line(workload_path: Path, record_path: Path) -> str | None:
+    """Which line TVM could not load (its own error names no line): parse each one as
+    JSONDatabase does, workloads first, then records against their workload."""
+    workloads: list[ms.database.Workload] = []
+    for path, is_record in ((workload_path, False), (record_path, True)):
+        if not path.exists():
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            row = json.loads(line)  # _check_json_lines already checked the JSON
+            try:
+                if is_record:
+                    ms.database.TuningRecord.from_json(row[1], workloads[row[0]])
+                else:
+                    workloads.append(ms.database.Workload.from_json(row))
+            except Exception as exc:  # noqa: BLE001  (reported, with the file and line, as the cause)
+                what = "tuning record" if is_record else "workload"
+                last = str(exc).strip().splitlines() or [type(exc).__name__]
+                return f"line {lineno} of {path} is not a valid {what}: {last[-1]}"
+    return None
+
+
 class TuningDatabase:
     """MetaSchedule's :class:`JSONDatabase` in ``work_dir``, with resume keys and best lookup.
 
@@ -151,8 +180,12 @@ class TuningDatabase:
             raise DatabaseError(f"cannot create database directory {self.path}: {exc}") from exc
         self.workload_path = self.path / WORKLOAD_FILE
         self.record_path = self.path / RECORD_FILE
-        num_workloads = _check_json_lines(self.workload_path, "workload", None)
-        _check_json_lines(self.record_path, "tuning-record", num_workloads)
+        #: What was repaired on load (also issued as a DatabaseWarning).
+        self.repairs: list[str] = []
+        num_workloads = _check_json_lines(self.workload_path, "workload", None, self.repairs)
+        _check_json_lines(self.record_path, "tuning-record", num_workloads, self.repairs)
+        for message in self.repairs:
+            warnings.warn(message, DatabaseWarning, stacklevel=2)
         try:
             self.ms_database = ms.database.JSONDatabase(
                 path_workload=str(self.workload_path),
@@ -161,7 +194,8 @@ class TuningDatabase:
             )
         except Exception as exc:
             raise DatabaseError(
-                f"cannot load the tuning database {self.workload_path} / {self.record_path}: {exc}"
+                f"cannot load the tuning database {self.workload_path} / {self.record_path}: "
+                f"{_first_bad_line(self.workload_path, self.record_path) or exc}"
             ) from exc
         self._keys: dict[str, set[str]] = {}
 

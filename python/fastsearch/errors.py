@@ -28,14 +28,24 @@ class MeasurementError(FastsearchError):
     """No candidate could be built and measured."""
 
 
+class RemoteError(FastsearchError):
+    """The RPC tracker is unreachable, malformed, or has no device with the requested key."""
+
+
+class DatabaseWarning(UserWarning):
+    """The tuning database was repaired on load (e.g. the torn last line of a killed run)."""
+
+
 __all__ = [
     "DatabaseError",
+    "DatabaseWarning",
     "FastsearchError",
     "InternalError",
     "InvalidTarget",
     "InvalidTrace",
     "MalformedInput",
     "MeasurementError",
+    "RemoteError",
     "ScheduleError",
     "UnsupportedWorkload",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastsearch import _core
-from fastsearch.errors import UnsupportedWorkload
+from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
 from fastsearch.loop_nest import trace_json
 from fastsearch.tir_import import main_function, program_json
 
@@ -99,14 +99,29 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
     a GPU target is refused."""
     if target is not None:
-        import tvm
+        from fastsearch.target import resolve_target
 
-        t = target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+        t = resolve_target(target)  # an unknown or malformed target is an InvalidTarget naming it
         if "gpu" in [str(k) for k in t.keys]:
             raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
     _, func = main_function(mod)
     texts = [t if isinstance(t, str) else trace_json(t) for t in traces]
-    return extract_features_json(program_json(func), texts)
+    program = program_json(func)
+    try:
+        return extract_features_json(program, texts)
+    except (InvalidTrace, ScheduleError) as exc:
+        raise _name_bad_trace(program, texts, exc) from exc
+
+
+def _name_bad_trace(program: str, texts: Sequence[str], exc: Exception) -> Exception:
+    """The engine's error for a batch names no trace: find the first one that fails alone."""
+    for i, text in enumerate(texts):
+        try:
+            _core.apply_trace(program, text, False)
+        except (InvalidTrace, ScheduleError) as one:
+            excerpt = text if len(text) <= 80 else text[:77] + "..."
+            return type(one)(f"trace {i} of {len(texts)} ({excerpt!r}): {one}")
+    return exc
 
 
 def design_space_candidates(func: Any, target: Any, n: int) -> list[Any]:

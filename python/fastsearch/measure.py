@@ -1,14 +1,17 @@
 """Measurement: build candidates with MetaSchedule's LocalBuilder (parallel worker processes), run
-them with its LocalRunner (``time_evaluator`` with repeats), and check outputs against a reference.
+them with its LocalRunner (``time_evaluator`` with repeats) or, through an RPC tracker, on remote
+devices with its RPCRunner, and check outputs against a reference.
 
 A candidate that fails to build, crashes, hangs past its timeout or fails to run comes back as a
-:class:`MeasureResult` with ``error`` set; nothing raises, the search goes on. ``run_secs`` are the
-per-repeat seconds the runner returns, stored as MetaSchedule stores them.
+:class:`MeasureResult` with ``error`` set and ``failure`` naming the kind (one of
+:data:`FAILURE_KINDS`); nothing raises, the search goes on. ``run_secs`` are the per-repeat seconds
+the runner returns, stored as MetaSchedule stores them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import statistics
@@ -16,30 +19,75 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput, LocalBuilder
-from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RPCConfig, RunnerInput
+from tvm.s_tir.meta_schedule.runner import RPCRunner as _MSRPCRunner
 
+from fastsearch.errors import RemoteError
 from fastsearch.target import device_type, physical_cores
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = [
+    "FAILURE_KINDS",
+    "CandidateFault",
     "MeasureConfig",
     "MeasureResult",
     "Measurer",
+    "RPCRunner",
     "build_module",
     "compare_outputs",
     "plain_args_info",
     "random_arguments",
     "run_function",
 ]
+
+#: Why a candidate failed, as counted in ``TuneResult.failures``: its trace could not be replayed
+#: or was rejected by a postprocessor; the build raised, hung past ``build_timeout_s`` or killed its
+#: worker process; the run raised, hung past ``run_timeout_s`` or killed its worker; or it ran but
+#: its output differs from the untuned function's.
+FAILURE_KINDS = (
+    "apply error",
+    "build error",
+    "build timeout",
+    "build crash",
+    "run error",
+    "run timeout",
+    "run crash",
+    "wrong answer",
+)
+
+
+def _failure_kind(stage: str, message: str) -> str:
+    """Classify a builder/runner error message (MetaSchedule reports timeouts and dead worker
+    processes only in the message text)."""
+    if "Timeout" in message or "timed out" in message.lower():
+        return f"{stage} timeout"
+    if "Subprocess terminated" in message:  # PopenWorker's ChildProcessError: the worker died
+        return f"{stage} crash"
+    return f"{stage} error"
+
+
+class CandidateFault(Exception):
+    """A candidate killed or hung the worker process that ran it; ``kind`` is ``"run crash"`` or
+    ``"run timeout"``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _run_artifact(path: str, arrays: list[np.ndarray], entry: str, dev_type: str) -> list[np.ndarray]:
+    """Worker side of :meth:`Measurer.run_isolated`."""
+    rt_mod = tvm.runtime.load_module(path)
+    return run_function(rt_mod, arrays, tvm.runtime.device(dev_type, 0), entry)
 
 
 @dataclass(frozen=True)
@@ -50,6 +98,9 @@ class MeasureConfig:
     kernel ``number`` times, raised until the repeat lasts at least ``min_repeat_ms``.
     ``enable_cpu_cache_flush`` flushes the CPU caches before each repeat (then keep ``number=1``
     for cold-cache timings). ``build_workers=None`` uses one build process per physical core.
+    ``build_func`` replaces the builder's build function (MetaSchedule's ``default_build``
+    signature ``(mod, target, params) -> runtime.Module``, run in the build worker processes;
+    default :func:`build_module`).
     """
 
     number: int = 1
@@ -60,6 +111,7 @@ class MeasureConfig:
     build_timeout_s: float = 60.0
     run_timeout_s: float = 30.0
     cooldown_s: float = 0.0
+    build_func: Callable | None = None
 
     def evaluator_config(self) -> EvaluatorConfig:
         """The MetaSchedule :class:`EvaluatorConfig` of this configuration."""
@@ -78,6 +130,11 @@ class MeasureResult:
     run_secs: list[float] | None = None
     error: str | None = None
     artifact_path: str | None = field(default=None, repr=False)
+    failure: str | None = None  # one of FAILURE_KINDS when error is set
+
+    def fail(self, kind: str, error: str) -> None:
+        """Mark the candidate failed with ``kind`` (one of :data:`FAILURE_KINDS`)."""
+        self.failure, self.error, self.run_secs = kind, error, None
 
     @property
     def ok(self) -> bool:
@@ -98,6 +155,77 @@ class MeasureResult:
     def min_us(self) -> float | None:
         """Fastest repeat in microseconds."""
         return min(self.run_secs) * 1e6 if self.ok and self.run_secs else None
+
+
+@dataclass(frozen=True)
+class RPCRunner:
+    """Run candidates on remote devices registered with a TVM RPC tracker under ``key``.
+
+    Builds stay on this machine (cross-compile with a target for the devices); each built
+    candidate is uploaded to one device through MetaSchedule's RPCRunner, with ``max_workers``
+    candidates in flight at once (default: the number of servers with ``key`` on the tracker,
+    one per device). ``session_timeout_s`` (default: ``MeasureConfig.run_timeout_s``) bounds one
+    candidate's session; a device that dies or hangs fails only that candidate.
+    """
+
+    tracker: str
+    key: str
+    max_workers: int | None = None
+    priority: int = 1
+    session_timeout_s: float | None = None
+
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` of the tracker; :class:`RemoteError` when ``tracker`` is not ``host:port``."""
+        host, sep, port = self.tracker.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RemoteError(f"invalid RPC tracker address {self.tracker!r}: expected 'host:port'")
+        return host, int(port)
+
+    def rpc_config(self, timeout_s: float) -> RPCConfig:
+        host, port = self.address()
+        secs = self.session_timeout_s if self.session_timeout_s is not None else timeout_s
+        return RPCConfig(
+            tracker_host=host,
+            tracker_port=port,
+            tracker_key=self.key,
+            session_priority=self.priority,
+            session_timeout_sec=max(1, math.ceil(secs)),  # RPCConfig takes whole seconds
+        )
+
+    def count_servers(self, timeout_s: float = 10.0) -> int:
+        """Servers registered with ``key`` now; :class:`RemoteError` when the tracker is unreachable."""
+        try:
+            return int(self.rpc_config(timeout_s).count_num_servers(allow_missing=True))
+        except RemoteError:
+            raise
+        except Exception as exc:
+            raise RemoteError(f"cannot reach the RPC tracker at {self.tracker}: {exc}") from exc
+
+    def connect(self, timeout_s: float) -> Any:
+        """An RPC session on one of the devices (for checking outputs there)."""
+        try:
+            return self.rpc_config(timeout_s).connect_server()
+        except Exception as exc:
+            raise RemoteError(
+                f"cannot get a device with key {self.key!r} from the RPC tracker at {self.tracker}: {exc}"
+            ) from exc
+
+    def make(self, config: MeasureConfig) -> tuple[_MSRPCRunner, int]:
+        """MetaSchedule's RPCRunner for this tracker and how many candidates it runs at once."""
+        workers = self.max_workers
+        if workers is None:
+            workers = self.count_servers()
+            if workers == 0:  # every candidate would wait out its timeout: say why now
+                raise RemoteError(f"the RPC tracker at {self.tracker} has no server with key {self.key!r}")
+        if workers < 1:
+            raise RemoteError(f"RPCRunner max_workers must be at least 1, got {workers}")
+        runner = _MSRPCRunner(
+            rpc_config=self.rpc_config(config.run_timeout_s),
+            evaluator_config=config.evaluator_config(),
+            cooldown_sec=config.cooldown_s,
+            max_workers=workers,
+        )
+        return runner, workers
 
 
 def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None = None) -> tvm.runtime.Module:
@@ -129,11 +257,13 @@ def _remove_artifact(path: str | None) -> None:
 
 
 class Measurer:
-    """Builds and times candidates for one target through MetaSchedule's local builder and runner.
+    """Builds and times candidates for one target through MetaSchedule's local builder and its local
+    runner, or its RPC runner when ``runner`` is an :class:`RPCRunner`.
 
     ``f_build`` is the builder's build function (signature of MetaSchedule's ``default_build``:
     ``(mod, target, params) -> runtime.Module``; default :func:`build_module`, ``None`` for
-    MetaSchedule's own); it runs in the builder's worker processes. Use as a context manager, or call :meth:`close`, to stop the worker processes.
+    MetaSchedule's own; ``MeasureConfig.build_func`` overrides it); it runs in the builder's
+    worker processes. Use as a context manager, or call :meth:`close`, to stop the worker processes.
     """
 
     def __init__(
@@ -142,21 +272,31 @@ class Measurer:
         config: MeasureConfig | None = None,
         *,
         f_build: Callable | str | None = build_module,
+        runner: RPCRunner | None = None,
     ) -> None:
         self.target = target
         self.config = config or MeasureConfig()
         workers = self.config.build_workers or physical_cores()
+        if self.config.build_func is not None:
+            f_build = self.config.build_func
+        self.remote = runner
+        self.runner: LocalRunner | _MSRPCRunner
+        if runner is None:
+            self.runner = LocalRunner(
+                timeout_sec=self.config.run_timeout_s,
+                evaluator_config=self.config.evaluator_config(),
+                cooldown_sec=self.config.cooldown_s,
+            )
+            self.run_workers = 1
+        else:
+            self.runner, self.run_workers = runner.make(self.config)
         self.builder = LocalBuilder(
             max_workers=workers, timeout_sec=self.config.build_timeout_s, f_build=f_build
-        )
-        self.runner = LocalRunner(
-            timeout_sec=self.config.run_timeout_s,
-            evaluator_config=self.config.evaluator_config(),
-            cooldown_sec=self.config.cooldown_s,
         )
         self.device_type = device_type(target)
         self.build_seconds = 0.0
         self.run_seconds = 0.0
+        self._isolated: Any = None  # PopenWorker of run_isolated, started on first use
 
     def __enter__(self) -> Self:
         return self
@@ -165,11 +305,39 @@ class Measurer:
         self.close()
 
     def close(self) -> None:
-        """Stop the runner's worker process."""
+        """Stop the runner's worker processes."""
         pool = getattr(self.runner, "pool", None)
         if pool is not None:
             with contextlib.suppress(Exception):  # the worker is already gone
                 pool.shutdown()
+        if self._isolated is not None:
+            with contextlib.suppress(Exception):
+                self._isolated.kill()
+            self._isolated = None
+
+    def run_isolated(
+        self, artifact_path: str, arrays: Sequence[np.ndarray], entry: str = "main"
+    ) -> list[np.ndarray]:
+        """Call ``entry`` of a built candidate on copies of ``arrays`` in a worker process of its
+        own and return every argument afterwards.
+
+        A candidate that passed the runner can still crash or hang on other inputs; here that
+        kills only the worker (restarted on the next call): :class:`CandidateFault` says which.
+        """
+        from tvm.support.popen_pool import PopenWorker
+
+        if self._isolated is None:
+            self._isolated = PopenWorker()
+        timeout = self.config.run_timeout_s
+        self._isolated.send(
+            _run_artifact, (artifact_path, list(arrays), entry, self.device_type), timeout=timeout
+        )
+        try:
+            return list(self._isolated.recv())
+        except TimeoutError:
+            raise CandidateFault("run timeout", f"killed after {timeout} seconds") from None
+        except ChildProcessError:
+            raise CandidateFault("run crash", "the worker process running it died") from None
 
     def measure(
         self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]
@@ -193,35 +361,50 @@ class Measurer:
         to_run: list[int] = []
         for i in range(len(mods)):
             if built is None:
-                results.append(MeasureResult(error=build_error))
+                results.append(MeasureResult(error=build_error, failure=_failure_kind("build", build_error)))
                 continue
             res = built[i]
             if res.error_msg is not None or res.artifact_path is None:
-                results.append(MeasureResult(error=str(res.error_msg or "build produced no artifact")))
+                msg = str(res.error_msg or "build produced no artifact")
+                results.append(MeasureResult(error=msg, failure=_failure_kind("build", msg)))
             else:
                 results.append(MeasureResult(artifact_path=str(res.artifact_path)))
                 to_run.append(i)
 
         t0 = time.perf_counter()
         info = list(args_info)
-        for i in to_run:
-            path = results[i].artifact_path
-            assert path is not None
+        # The local runner times one candidate at a time (they would share this CPU); remote
+        # devices each take one, so up to run_workers candidates are in flight together.
+        for start in range(0, len(to_run), self.run_workers):
+            chunk = to_run[start : start + self.run_workers]
             try:
-                (future,) = self.runner.run([RunnerInput(path, self.device_type, info)])
-                run = future.result()
-                if run.error_msg is not None or run.run_secs is None:
-                    results[i].error = str(run.error_msg or "runner returned no timings")
-                else:
-                    secs = [float(s) for s in run.run_secs]
-                    if not secs or any(not np.isfinite(s) or s <= 0 for s in secs):
-                        results[i].error = f"runner returned invalid timings {secs}"
-                    else:
-                        results[i].run_secs = secs
+                futures = self.runner.run(
+                    [RunnerInput(results[i].artifact_path, self.device_type, info) for i in chunk]
+                )
             except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
-                results[i].error = f"LocalRunner failed: {exc}"
+                for i in chunk:
+                    results[i].fail("run error", f"{type(self.runner).__name__} failed: {exc}")
+                continue
+            for i, future in zip(chunk, futures):
+                self._collect(results[i], future)
         self.run_seconds += time.perf_counter() - t0
         return results
+
+    def _collect(self, result: MeasureResult, future: Any) -> None:
+        try:
+            run = future.result()
+        except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
+            result.fail("run error", f"{type(self.runner).__name__} failed: {exc}")
+            return
+        if run.error_msg is not None or run.run_secs is None:
+            msg = str(run.error_msg or "runner returned no timings")
+            result.fail(_failure_kind("run", msg), msg)
+            return
+        secs = [float(s) for s in run.run_secs]
+        if not secs or any(not np.isfinite(s) or s <= 0 for s in secs):
+            result.fail("run error", f"runner returned invalid timings {secs}")
+        else:
+            result.run_secs = secs
 
     @staticmethod
     def release(results: Sequence[MeasureResult]) -> None:

@@ -56,6 +56,9 @@ def _describe(target: Any) -> str:
 
 def _from_config(config: dict[str, Any], original: Any) -> tvm.target.Target:
     config = dict(config)
+    cores = config.get("num-cores")
+    if isinstance(cores, int) and not isinstance(cores, bool) and cores < 1:  # TVM accepts any int
+        raise InvalidTarget(f"invalid target {_describe(original)}: 'num-cores' must be >= 1, got {cores}")
     if config.get("kind") == "llvm" and "mcpu" not in config and "mtriple" not in config:
         config.setdefault("mcpu", host_cpu())
         config.setdefault("num-cores", physical_cores())

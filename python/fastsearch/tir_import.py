@@ -14,6 +14,7 @@ from typing import Any
 import tvm
 from tvm import tirx
 from tvm.ir.expr import Call as _Call
+from tvm.ir.expr import StringImm as _StringImm
 from tvm.ir.expr import TensorLoad as _TensorLoad
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.tirx import expr as _E
@@ -153,7 +154,7 @@ class _Exporter:
         ):
             body_stores = self.stores(blk.body, f"block {blk.name_hint}")
         else:
-            children = self.stmt_list(blk.body)
+            children = self.stmt_list(blk.body, str(blk.name_hint))
         self.blocks[index] = {
             "name": str(blk.name_hint),
             "iter_vars": iter_vars,
@@ -175,11 +176,11 @@ class _Exporter:
             "predicate": self.expr(realize.predicate),
         }
 
-    def stmt_list(self, stmt: Any) -> list[dict[str, Any]]:
+    def stmt_list(self, stmt: Any, block: str) -> list[dict[str, Any]]:
         if isinstance(stmt, tirx.SeqStmt):
             out: list[dict[str, Any]] = []
             for s in stmt.seq:
-                out.extend(self.stmt_list(s))
+                out.extend(self.stmt_list(s, block))
             return out
         if isinstance(stmt, tirx.For):
             if not isinstance(stmt.extent, _E.IntImm) or not isinstance(stmt.min, _E.IntImm):
@@ -193,13 +194,14 @@ class _Exporter:
                 "kind": kind,
                 "thread": None if stmt.thread_binding is None else str(stmt.thread_binding.thread_tag),
                 "annotations": {str(k): _annotation(v) for k, v in stmt.annotations.items()},
-                "body": self.stmt_list(stmt.body),
+                "body": self.stmt_list(stmt.body, block),
             }
             return [loop]
         if isinstance(stmt, SBlockRealize):
             return [self.realize(stmt)]
         raise UnsupportedWorkload(
-            f"{self.name}: statement {type(stmt).__name__} is not supported outside a block body"
+            f"{self.name}: block {block!r} contains {_describe(stmt)}, which is not supported outside "
+            "a block body (only loops, blocks and buffer stores can be scheduled)"
         )
 
     def run(self) -> dict[str, Any]:
@@ -219,6 +221,20 @@ class _Exporter:
             "blocks": self.blocks,
             "root": root,
         }
+
+
+def _describe(stmt: Any) -> str:
+    """Name the operator behind an unsupported statement: an extern or packed call by its callee."""
+    value = getattr(stmt, "value", None)
+    if isinstance(stmt, tirx.Evaluate) and isinstance(value, _Call):
+        op = str(value.op.name) if hasattr(value.op, "name") else str(value.op)
+        args = list(value.args)
+        if op.endswith(("call_extern", "call_packed", "call_pure_extern")) and args:
+            callee = args[0].value if isinstance(args[0], _StringImm) else args[0]
+            return f"a call to {op.split('.')[-1]} {str(callee)!r}"
+        return f"a call to {op!r}"
+    text = " ".join(str(stmt).split())
+    return f"a {type(stmt).__name__} statement ({text[:80]})"
 
 
 def _annotation(value: Any) -> Any:

@@ -11,10 +11,12 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,18 +32,21 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
-from fastsearch.errors import MeasurementError, UnsupportedWorkload
+from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.measure import (
+    FAILURE_KINDS,
+    CandidateFault,
     MeasureConfig,
     Measurer,
     MeasureResult,
+    RPCRunner,
     compare_outputs,
     random_arguments,
     run_function,
 )
 from fastsearch.progress import ProgressBar
 from fastsearch.sample import Postprocessor, fresh_copy
-from fastsearch.target import TargetLike, device, resolve_target
+from fastsearch.target import TargetLike, device_type, resolve_target
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
@@ -69,6 +74,7 @@ class TrialRecord:
     error: str | None
     elapsed_s: float
     best_us: float | None
+    failure: str | None = None  # one of fastsearch.measure.FAILURE_KINDS when error is set
 
     @property
     def ok(self) -> bool:
@@ -89,6 +95,7 @@ class TaskResult:
     best_latency_us: float | None = None
     best_trace: Trace | None = None
     exhausted: bool = False
+    failures: dict[str, int] = field(default_factory=dict)  # failed candidates per kind
 
 
 @dataclass
@@ -98,7 +105,10 @@ class TuneResult:
     ``best_latency_us`` is the mean run time of the best valid record (how MetaSchedule ranks
     records); for a module of several PrimFuncs it is the sum over them. ``timing`` holds seconds
     spent in ``search`` (candidate sampling), ``apply`` (trace replay and postprocessing in TVM),
-    ``build``, ``run``, ``verify``, ``database``, ``model`` and ``total``.
+    ``build``, ``run``, ``verify``, ``database``, ``model`` and ``total``. ``failures`` counts
+    this run's failed candidates per kind (``"build error"``, ``"run timeout"``, ``"run crash"``,
+    ``"wrong answer"``, ...: :data:`fastsearch.measure.FAILURE_KINDS`); ``repairs`` lists what
+    was repaired in the database on load (a torn last line of a killed run).
     """
 
     best_latency_us: float | None
@@ -112,6 +122,8 @@ class TuneResult:
     tasks: dict[str, TaskResult]
     target: tvm.target.Target
     mod: IRModule = field(repr=False)
+    failures: dict[str, int] = field(default_factory=dict)
+    repairs: list[str] = field(default_factory=list)
 
     @property
     def best_traces(self) -> dict[str, Trace]:
@@ -121,7 +133,17 @@ class TuneResult:
     def write_history(self, path: str | os.PathLike[str]) -> Path:
         """Write the per-trial history (the tuning curve) as CSV; returns the path."""
         out = Path(path)
-        fields = ["trial", "task", "latency_us", "min_us", "median_us", "best_us", "elapsed_s", "error"]
+        fields = [
+            "trial",
+            "task",
+            "latency_us",
+            "min_us",
+            "median_us",
+            "best_us",
+            "elapsed_s",
+            "failure",
+            "error",
+        ]
         with open(out, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
@@ -325,6 +347,7 @@ def tune(
     atol: float = 1e-4,
     progress: bool = True,
     name: str | None = None,
+    runner: RPCRunner | None = None,
 ) -> TuneResult:
     """Tune a PrimFunc, or each PrimFunc of an IRModule (``trials`` split evenly between them).
 
@@ -334,10 +357,14 @@ def tune(
     (model-guided search in Rust), ``"random"`` (fastsearch's sketches with random annotation), or
     a :data:`Sampler`. Candidates that would become the best are checked against the untuned
     function's output on random inputs (``verify``); a wrong answer is recorded as failed.
+    ``runner`` runs the candidates on remote devices (:class:`fastsearch.RPCRunner`; builds stay
+    here); by default they run on this machine. A candidate that cannot be built, crashes, hangs
+    past its timeout or computes a wrong answer is stored as failed and the run goes on;
+    ``TuneResult.failures`` counts them by kind.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
-    :class:`fastsearch.DatabaseError`, or :class:`fastsearch.MeasurementError` when not a single
-    candidate of a task could be measured.
+    :class:`fastsearch.DatabaseError`, :class:`fastsearch.RemoteError` (no reachable device), or
+    :class:`fastsearch.MeasurementError` when not a single candidate of a task could be measured.
     """
     t_start = time.perf_counter()
     if trials < 0:
@@ -351,6 +378,13 @@ def tune(
 
     normalized = [(fname, _normalize_mod(func)) for fname, func in funcs]
     described = [_args_info(fname, tmod["main"]) for fname, tmod in normalized]  # before writing
+    if not callable(strategy):
+        from fastsearch.tir_import import program_json
+
+        for fname, tmod in normalized:  # fastsearch's sketches need the program model: fail before writing
+            program_json(tmod["main"], fname)
+    if runner is not None:
+        runner.address()  # a malformed tracker address fails before anything is written
 
     t0 = time.perf_counter()
     db = TuningDatabase(wdir)
@@ -408,7 +442,7 @@ def tune(
                 if todo <= 0:
                     continue
                 if measurer is None:
-                    measurer = Measurer(tgt, measure)
+                    measurer = Measurer(tgt, measure, runner=runner)
                 bsize = batch_size or min(16, max(4, math.ceil(task.result.trials / 4)))
                 round_index = 0
                 empty_rounds = 0
@@ -455,6 +489,7 @@ def tune(
                         rtol,
                         atol,
                         overall_best_us,
+                        runner,
                     )
                     n_failed += sum(1 for _, secs in outcome if secs is None)
                     if callable(update):
@@ -489,6 +524,10 @@ def tune(
     timing["database"] += time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
 
+    failures: dict[str, int] = {}
+    for task in tasks:
+        for kind, count in task.result.failures.items():
+            failures[kind] = failures.get(kind, 0) + count
     lat = [t.result.best_latency_us for t in tasks]
     best_latency = sum(x for x in lat if x is not None) if all(x is not None for x in lat) else None
     return TuneResult(
@@ -503,7 +542,13 @@ def tune(
         tasks={t.name: t.result for t in tasks},
         target=tgt,
         mod=whole,
+        failures={k: failures[k] for k in sorted(failures, key=_kind_order)},
+        repairs=list(db.repairs),
     )
+
+
+def _kind_order(kind: str) -> int:
+    return FAILURE_KINDS.index(kind) if kind in FAILURE_KINDS else len(FAILURE_KINDS)
 
 
 def _wl_id(task: _Task) -> str:
@@ -525,7 +570,10 @@ def _as_candidate(task: _Task, item: Any) -> _Cand:
     key = getattr(item, "key", None)
     sch = getattr(item, "schedule", None)
     if not isinstance(key, str) or not isinstance(sch, Schedule):
-        raise TypeError(f"the sampler returned {type(item).__name__}; expected a Trace or a Candidate")
+        raise MalformedInput(
+            f"the sampler returned {type(item).__name__} {str(item)[:60]!r}; expected a "
+            "tvm.s_tir.Trace or a Candidate (key and schedule)"
+        )
     return _Cand(key, sch, None)
 
 
@@ -543,11 +591,14 @@ def _run_batch(
     rtol: float,
     atol: float,
     overall_best_us: Callable[[], float | None],
+    remote: RPCRunner | None = None,
 ) -> list[tuple[str, float | None]]:
     """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate."""
     best_before = task.best_secs
     runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
-    results: list[MeasureResult] = [MeasureResult(error=c.error) for c in batch]
+    results = [
+        MeasureResult(error=c.error, failure=None if c.error is None else "apply error") for c in batch
+    ]
     measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info)  # type: ignore[union-attr]
     for i, res in zip(runnable, measured):
         results[i] = res
@@ -561,11 +612,12 @@ def _run_batch(
                 break
             if verify:
                 t0 = time.perf_counter()
-                error = _check_candidate(task, batch[i].sch, results[i], target, rtol, atol)  # type: ignore[arg-type]
+                sch = batch[i].sch
+                assert sch is not None
+                fault = _check_candidate(task, sch, results[i], target, rtol, atol, measurer, remote)
                 timing["verify"] += time.perf_counter() - t0
-                if error is not None:
-                    results[i].error = f"wrong answer: {error}"
-                    results[i].run_secs = None
+                if fault is not None:
+                    results[i].fail(*fault)
                     continue
             task.best_secs = secs
             break
@@ -584,7 +636,10 @@ def _run_batch(
             db.commit(task.workload, cand.sch.trace, res.run_secs if res.ok else None, target, task.args_info)
             db.measured_keys(task.workload).add(cand.key)
         task.result.trials_measured += 1
-        task.result.failed += 0 if res.ok else 1
+        if not res.ok:
+            task.result.failed += 1
+            kind = res.failure or "run error"
+            task.result.failures[kind] = task.result.failures.get(kind, 0) + 1
         if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
             running = min(running, mean_run_secs(res.run_secs))
         task.best_secs = running
@@ -599,6 +654,7 @@ def _run_batch(
                 error=res.error,
                 elapsed_s=time.perf_counter() - t_start,
                 best_us=best,
+                failure=None if res.ok else (res.failure or "run error"),
             )
         )
     task.best_secs = best_after
@@ -618,12 +674,22 @@ def _stored_results(db: TuningDatabase, task: _Task) -> list[tuple[str, float | 
 
 
 def _check_candidate(
-    task: _Task, sch: Schedule, res: MeasureResult, target: tvm.target.Target, rtol: float, atol: float
-) -> str | None:
-    """Compare the candidate's outputs with the untuned function's on random inputs.
+    task: _Task,
+    sch: Schedule,
+    res: MeasureResult,
+    target: tvm.target.Target,
+    rtol: float,
+    atol: float,
+    measurer: Measurer,
+    remote: RPCRunner | None = None,
+) -> tuple[str, str] | None:
+    """Compare the candidate's outputs with the untuned function's on random inputs; returns
+    ``(failure kind, error)`` when it does not compute the same, crashes or hangs, else ``None``.
 
     Runs the measured artifact itself when the schedule keeps the argument layouts; a schedule
     that rewrites weight layouts is measured without the rewrite, so it is rebuilt whole here.
+    Locally the candidate runs in a worker process (it must not take the tuner down with it);
+    with a remote runner it runs on one of the remote devices, where it was timed.
     """
     try:
         if task.reference is None:
@@ -637,11 +703,45 @@ def _check_candidate(
     try:
         attrs = sch.mod["main"].attrs
         rewrites_layout = attrs is not None and "layout_free_buffers" in attrs
-        if res.artifact_path and not rewrites_layout:
-            rt_mod = tvm.runtime.load_module(res.artifact_path)
+        if remote is not None:
+            out = _run_remote(remote, sch, res, target, task, rewrites_layout)
+        elif res.artifact_path and not rewrites_layout:
+            out = measurer.run_isolated(res.artifact_path, task.inputs, task.entry)
         else:
-            rt_mod = tvm.compile(sch.mod, target=target)
-        out = run_function(rt_mod, task.inputs, device(target), task.entry)
+            with tempfile.TemporaryDirectory(prefix="fastsearch_check_") as tmp:
+                path = os.path.join(tmp, "candidate.so")
+                tvm.compile(sch.mod, target=target).export_library(path)
+                out = measurer.run_isolated(path, task.inputs, task.entry)
+    except CandidateFault as fault:
+        return fault.kind, f"{fault.kind} while checking its output: {fault}"
     except Exception as exc:  # noqa: BLE001  (recorded as a failed candidate)
-        return f"cannot run the candidate for checking: {exc}"
-    return compare_outputs(task.reference, out, rtol=rtol, atol=atol)
+        return "wrong answer", f"wrong answer: cannot run the candidate for checking: {exc}"
+    diff = compare_outputs(task.reference, out, rtol=rtol, atol=atol)
+    return None if diff is None else ("wrong answer", f"wrong answer: {diff}")
+
+
+def _run_remote(
+    remote: RPCRunner,
+    sch: Schedule,
+    res: MeasureResult,
+    target: tvm.target.Target,
+    task: _Task,
+    rebuild: bool,
+) -> list[np.ndarray]:
+    """Run the candidate on a remote device on the task's inputs; returns every argument after."""
+    assert task.inputs is not None
+    with tempfile.TemporaryDirectory(prefix="fastsearch_check_") as tmp:
+        path = res.artifact_path
+        if rebuild or not path:
+            path = os.path.join(tmp, "candidate.so")
+            tvm.compile(sch.mod, target=target).export_library(path)
+        session = remote.connect(60.0)
+        remote_name = f"fastsearch_check_{os.getpid()}_{os.path.basename(path)}"
+        session.upload(path, remote_name)
+        try:
+            rt_mod = session.load_module(remote_name)
+            dev = session.device(device_type(target), 0)
+            return run_function(rt_mod, task.inputs, dev, task.entry)
+        finally:
+            with contextlib.suppress(Exception):  # the remote temp dir goes with the session anyway
+                session.remove(remote_name)
