@@ -39,7 +39,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _mean_us, _records_in_order  # noqa: E402
+from suite import _mean_us, _records_in_order
 
 XGB_PARAMS = {"max_depth": 6, "eta": 0.2, "min_child_weight": 1, "nthread": 2, "seed": 0}
 ROUNDS = 100
@@ -145,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
     models = list(rows[0][2])
     lines = [
-        "| held-out workload | valid candidates | "
-        + " | ".join(f"{m} pairwise | best in top-8" for m in models)
-        + " |",
+        (
+            "| held-out workload | valid candidates | "
+            + " | ".join(f"{m} pairwise | best in top-8" for m in models)
+            + " |"
+        ),
         "|---|---:|" + "---:|---|" * len(models),
     ]
     for held, n, scores in rows:
@@ -162,9 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     lines += [
         "",
-        f"Feature extraction for all {sum(len(t['records']) for t in tasks.values())} records: "
-        f"fastsearch {fs_feature_s:.1f} s; MetaSchedule's candidates prepared (trace replay) in "
-        f"{ms_prep_s:.1f} s, its PerStoreFeature runs inside each update/predict.",
+        (
+            f"Feature extraction for all {sum(len(t['records']) for t in tasks.values())} records: "
+            f"fastsearch {fs_feature_s:.1f} s; MetaSchedule's candidates prepared (trace replay) in "
+            f"{ms_prep_s:.1f} s, its PerStoreFeature runs inside each update/predict."
+        ),
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -152,7 +152,7 @@ def test_search_state_makes_a_later_run_start_warm(tmp_path):
     assert seeds[0] == saved.load_genomes()[best]  # the best measured seeds the population
 
     # with too few records of its own, a fresh sampler still starts from the saved model
-    third = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: {}, state=SearchState(tmp_path, "main"))
+    third = ModelGuidedSampler(func, TARGET, "evolutionary", dict, state=SearchState(tmp_path, "main"))
     model_json, weight, _ = third._train({})
     assert model_json is not None and weight > 0
     rows = _core.sketch_feature_rows(third.program, 2, 64, list(saved.load_genomes().values())[:4])
