@@ -60,23 +60,65 @@ pub(crate) fn identity(genome: &Genome) -> u64 {
     h.finish()
 }
 
+/// Most proposals of one batch that may share a [`coarse_shape`]: a quarter of the batch.
+const SHAPE_SHARE: usize = 4;
+
+/// What a candidate looks like from afar: its rules and, per tiled loop, the extent its outer
+/// two tile levels cover (the loops the postprocessor fuses into parallel jobs). Candidates
+/// that differ only in inner tiles, vectorization or unrolling share a shape.
+pub(crate) fn coarse_shape(genome: &Genome) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    genome.rules.hash(&mut h);
+    for (block, loops) in &genome.tiles {
+        block.hash(&mut h);
+        for factors in loops.iter().filter(|f| f.len() > 2) {
+            factors[..2].iter().product::<i64>().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
+///
+/// At most a quarter of the batch may share one coarse shape while other shapes remain: the
+/// model is least reliable about the outer structure, so a batch hedges across it rather than
+/// spending every measurement on variants of one guess.
 pub(crate) fn pick(
     ctx: &SearchContext<'_>,
     ranked: impl IntoIterator<Item = (Genome, f64)>,
     n: usize,
     taken: &mut HashSet<String>,
 ) -> Vec<Proposal> {
+    let cap = n.div_ceil(SHAPE_SHARE).max(1);
     let mut out = Vec::with_capacity(n);
-    for (genome, score) in ranked {
+    let mut per_shape: HashMap<u64, usize> = HashMap::new();
+    let mut deferred: Vec<Proposal> = Vec::new();
+    // Looking further than needed only to fill shapes: bounded, the ranked list can be long.
+    for (genome, score) in ranked.into_iter().take(n * 64) {
         if out.len() >= n {
             break;
         }
         let key = trace_key(ctx, &genome);
-        if !ctx.measured.contains_key(&key) && taken.insert(key.clone()) {
+        if ctx.measured.contains_key(&key) || taken.contains(&key) {
+            continue;
+        }
+        let count = per_shape.entry(coarse_shape(&genome)).or_insert(0);
+        taken.insert(key.clone());
+        if *count < cap {
+            *count += 1;
             out.push(Proposal { key, genome, score });
+        } else {
+            deferred.push(Proposal { key, genome, score });
         }
     }
+    // Too few shapes: the best of the deferred fill the batch, in rank order.
+    let missing = n.saturating_sub(out.len());
+    for p in deferred.iter().skip(missing) {
+        taken.remove(&p.key);
+    }
+    out.extend(deferred.into_iter().take(missing));
+    out.sort_by(|a, b| b.score.total_cmp(&a.score));
     out
 }
 
