@@ -86,7 +86,11 @@ class TrialRecord:
 
 @dataclass
 class TaskResult:
-    """Outcome of one PrimFunc of the tuned module."""
+    """Outcome of one PrimFunc of the tuned module (one task).
+
+    ``trials`` is the task's share of the run's trials, stored records included: a fixed even
+    split with the round-robin scheduler; with the gradient scheduler, what the rule gave it.
+    """
 
     name: str
     mod: IRModule
