@@ -1,7 +1,10 @@
-"""Command line: ``fastsearch tune`` on a built-in workload, ``fastsearch workloads`` to list them.
+"""Command line: ``fastsearch tune`` on a built-in workload or a whole model, ``fastsearch
+workloads`` to list the built-in workloads and models.
 
 Built-in workloads are MetaSchedule's ``te_workload`` families (GMM, C2D, ...), each with a few
 shapes: ``--workload GMM:2`` picks shape 2 of GMM, ``--small`` the one with the fewest FLOPs.
+A whole model is an ONNX file (``fastsearch tune model.onnx``, needs the ``onnx`` package) or a
+built-in one (``--model resnet-tiny``, :mod:`fastsearch.models`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.measure import MeasureConfig, RPCRunner
 from fastsearch.progress import format_latency
 
-__all__ = ["BuiltinWorkload", "list_workloads", "load_workload", "main", "summary", "workload_flops"]
+__all__ = [
+    "BuiltinWorkload",
+    "list_workloads",
+    "load_onnx",
+    "load_workload",
+    "main",
+    "summary",
+    "task_table",
+    "workload_flops",
+]
 
 
 def _te_workload() -> Any:
@@ -103,13 +115,66 @@ def _cmd_workloads(_args: argparse.Namespace) -> int:
             except UnsupportedWorkload:
                 gflop = "unavailable in this TVM"
             print(f"{name + ':' + str(i):<16} {args!s:<50} {gflop:>10}")
+    print(f"\nbuilt-in models (--model NAME): {', '.join(_model_names())}")
     return 0
+
+
+def load_onnx(path: str, shapes: dict[str, list[int]] | None = None) -> Any:
+    """An ONNX model file as a Relax IRModule (weights as constants), through TVM's importer."""
+    try:
+        import onnx
+    except ImportError:
+        raise UnsupportedWorkload(
+            f"reading the ONNX model {path!r} needs the `onnx` Python package: pip install onnx"
+        ) from None
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        model = onnx.load(path)
+    except Exception as exc:  # a missing or corrupt file: say which
+        raise UnsupportedWorkload(f"cannot read the ONNX model {path!r}: {exc}") from exc
+    try:
+        return from_onnx(model, shape_dict=shapes or None)
+    except Exception as exc:  # an operator or construct TVM cannot import
+        raise UnsupportedWorkload(f"TVM cannot import the ONNX model {path!r}: {exc}") from exc
+
+
+def _input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
+    """``NAME:1x3x224x224`` options as a shape dictionary."""
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.rpartition(":")
+        try:
+            shapes[name] = [int(d) for d in dims.split("x")]
+        except ValueError:
+            raise UnsupportedWorkload(f"bad --input-shape {spec!r}; expected NAME:1x3x224x224") from None
+        if not name:
+            raise UnsupportedWorkload(f"bad --input-shape {spec!r}; expected NAME:1x3x224x224")
+    return shapes
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from fastsearch.tune import tune
 
-    wl = load_workload(args.workload, args.shape_index, args.small)
+    chosen = [x for x in (args.model_file, args.model, args.workload) if x]
+    if len(chosen) != 1:
+        raise SystemExit("fastsearch: error: give one of MODEL.onnx, --model NAME or --workload FAMILY")
+    if args.model_file or args.model:
+        from pathlib import Path
+
+        from fastsearch.models import load_model
+
+        if args.model_file:
+            mod = load_onnx(args.model_file, _input_shapes(args.input_shape))
+            name, shape = Path(args.model_file).stem, ()
+        else:
+            mod = load_model(args.model)
+            name, shape = args.model.lower(), ()
+        func: Any = mod
+        flops = None
+    else:
+        wl = load_workload(args.workload, args.shape_index, args.small)
+        func, name, shape, flops = wl.func, wl.name, wl.shape, None
     measure = MeasureConfig(
         number=args.number,
         repeat=args.repeat,
@@ -124,11 +189,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise SystemExit("fastsearch: error: --rpc-tracker and --rpc-key go together")
         runner = RPCRunner(tracker=args.rpc_tracker, key=args.rpc_key, max_workers=args.rpc_workers)
     print(
-        f"tuning {wl.name} {wl.shape}: {args.trials} trials, {args.strategy} search, seed {args.seed}",
+        f"tuning {name} {shape or ''}: {args.trials} trials, {args.strategy} search, seed {args.seed}",
         file=sys.stderr,
     )
     result = tune(
-        wl.func,
+        func,
         args.target,
         trials=args.trials,
         seed=args.seed,
@@ -138,18 +203,47 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         measure=measure,
         verify=not args.no_verify,
         progress=not args.no_progress,
-        name=wl.name,
+        name=name,
         runner=runner,
+        task_scheduler=args.task_scheduler,
     )
-    print(summary(wl.name, wl.shape, result, workload_flops(wl.func)))
+    if not result.is_relax:
+        flops = workload_flops(func)
+    print(summary(name, shape, result, flops))
+    if result.is_relax:
+        print(task_table(result))
     if args.history:
         print(f"history      {result.write_history(args.history)}")
     return 0
 
 
+def task_table(result: Any) -> str:
+    """Per-task table of a model's run: weight, trials, best latency, share of the model's
+    weighted total (skipped tasks with their reason)."""
+    total = sum(t.weight * t.best_latency_us for t in result.tasks.values() if t.best_latency_us)
+    width = max([len("task")] + [len(n) for n in result.tasks])
+    lines = [f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best':>11}  {'share':>6}"]
+    for task_name, t in result.tasks.items():
+        if t.skipped:
+            lines.append(f"{task_name:<{width}}  {t.weight:>6}  {'-':>6}  skipped: {t.skipped}")
+            continue
+        trials = t.trials_stored + t.trials_measured
+        share = f"{100 * t.weight * t.best_latency_us / total:5.1f}%" if total and t.best_latency_us else "-"
+        lines.append(
+            f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}"
+        )
+    lines.append(f"{'total (weighted)':<{width}}  {'':>6}  {'':>6}  {format_latency(total or None):>11}")
+    return "\n".join(lines)
+
+
 def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -> str:
     """The final report of a tuning run: best latency, GFLOP/s, time breakdown, database."""
-    lines = [f"workload     {name} {tuple(shape)}", f"target       {result.target}"]
+    what = (
+        f"model        {name}"
+        if getattr(result, "is_relax", False)
+        else f"workload     {name} {tuple(shape)}"
+    )
+    lines = [what, f"target       {result.target}"]
     lat = result.best_latency_us
     lines.append(f"best         {format_latency(lat)}")
     if flops and lat:
@@ -173,14 +267,23 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     return "\n".join(lines)
 
 
+def _model_names() -> list[str]:
+    from fastsearch.models import MODELS
+
+    return list(MODELS)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastsearch", description="Auto-tune TVM tensor programs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("workloads", help="list the built-in workloads and their shapes")
 
-    p = sub.add_parser("tune", help="tune a built-in workload")
-    p.add_argument("--workload", required=True, help="FAMILY[:SHAPE_INDEX], e.g. GMM or GMM:2")
+    p = sub.add_parser("tune", help="tune a built-in workload or a whole model")
+    p.add_argument("model_file", nargs="?", default=None, help="an ONNX model file (needs `onnx`)")
+    p.add_argument("--model", default=None, help="a built-in model: " + ", ".join(_model_names()))
+    p.add_argument("--input-shape", action="append", default=[], help="ONNX input shape NAME:1x3x224x224")
+    p.add_argument("--workload", default=None, help="FAMILY[:SHAPE_INDEX], e.g. GMM or GMM:2")
     p.add_argument("--shape-index", type=int, default=None, help="shape index within the family")
     p.add_argument("--small", action="store_true", help="the family's shape with the fewest FLOPs")
     p.add_argument("--trials", type=int, default=64, help="candidates to measure (default 64)")
@@ -194,6 +297,12 @@ def _parser() -> argparse.ArgumentParser:
         help="random sketch sampling, or model-guided evolutionary search / simulated annealing",
     )
     p.add_argument("--batch-size", type=int, default=None, help="candidates per measured batch")
+    p.add_argument(
+        "--task-scheduler",
+        default="gradient",
+        choices=["gradient", "round-robin"],
+        help="which task of a model gets the next batch (default: Ansor's gradient rule)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
     p.add_argument("--min-repeat-ms", type=int, default=40)

@@ -45,7 +45,9 @@ from fastsearch.measure import (
     run_function,
 )
 from fastsearch.progress import ProgressBar
+from fastsearch.relax_tasks import apply_database, extract_tasks, is_relax_module
 from fastsearch.sample import Postprocessor, fresh_copy
+from fastsearch.scheduler import SCHEDULERS, TaskState, make_scheduler
 from fastsearch.target import TargetLike, device_type, resolve_target
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
@@ -84,7 +86,11 @@ class TrialRecord:
 
 @dataclass
 class TaskResult:
-    """Outcome of one PrimFunc of the tuned module."""
+    """Outcome of one PrimFunc of the tuned module (one task).
+
+    ``trials`` is the task's share of the run's trials, stored records included: a fixed even
+    split with the round-robin scheduler; with the gradient scheduler, what the rule gave it.
+    """
 
     name: str
     mod: IRModule
@@ -96,6 +102,9 @@ class TaskResult:
     best_trace: Trace | None = None
     exhausted: bool = False
     failures: dict[str, int] = field(default_factory=dict)  # failed candidates per kind
+    weight: int = 1  # calls per run of the model (a Relax model's repeated layers share a task)
+    skipped: str | None = None  # why a Relax model's fused function is not tuned
+    functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
 
 
 @dataclass
@@ -103,7 +112,10 @@ class TuneResult:
     """What a tuning run found, where it is stored, and where the time went.
 
     ``best_latency_us`` is the mean run time of the best valid record (how MetaSchedule ranks
-    records); for a module of several PrimFuncs it is the sum over them. ``timing`` holds seconds
+    records); for a module of several PrimFuncs it is the sum over them, and for a Relax model
+    the sum of weight x best over its tuned tasks (``None`` until every one has a valid
+    record). ``tasks`` gives each task's weight, trials and best (for a Relax model also the
+    skipped ones, with ``skipped`` saying why). ``timing`` holds seconds
     spent in ``search`` (candidate sampling), ``apply`` (trace replay and postprocessing in TVM),
     ``build``, ``run``, ``verify``, ``database``, ``model`` and ``total``. ``failures`` counts
     this run's failed candidates per kind (``"build error"``, ``"run timeout"``, ``"run crash"``,
@@ -124,6 +136,8 @@ class TuneResult:
     mod: IRModule = field(repr=False)
     failures: dict[str, int] = field(default_factory=dict)
     repairs: list[str] = field(default_factory=list)
+    is_relax: bool = False  # mod is a fused Relax model; compile() gives a VM executable
+    task_scheduler: str = "gradient"
 
     @property
     def best_traces(self) -> dict[str, Trace]:
@@ -154,7 +168,13 @@ class TuneResult:
         return out
 
     def best_module(self) -> IRModule:
-        """The tuned IRModule: each PrimFunc replaced by its best schedule from the database."""
+        """The tuned IRModule: each PrimFunc replaced by its best schedule from the database.
+
+        For a Relax model, the fused model with ``relax.transform.MetaScheduleApplyDatabase``
+        applied (every copy of a tuned function gets its schedule; skipped ones stay as TVM
+        lowers them)."""
+        if self.is_relax:
+            return apply_database(self.mod, self.database.ms_database, self.target)
         funcs = {}
         for gv, func in self.mod.functions_items():
             name = gv.name_hint
@@ -172,7 +192,8 @@ class TuneResult:
 
     def compile(self) -> tvm.runtime.Executable:
         """Build the tuned module for the target (``tvm.compile``); call its functions by name,
-        ``lib["main"](*tensors)``."""
+        ``lib["main"](*tensors)``. For a Relax model it is a VM executable:
+        ``tvm.relax.VirtualMachine(exe, device)["main"](*inputs)``."""
         return tvm.compile(self.best_module(), target=self.target)
 
 
@@ -187,6 +208,7 @@ class _Task:
     post: Postprocessor
     result: TaskResult
     best_secs: float = math.inf
+    weight: int = 1
     pristine: IRModule | None = None  # an untouched copy for the reference output
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
@@ -348,8 +370,19 @@ def tune(
     progress: bool = True,
     name: str | None = None,
     runner: RPCRunner | None = None,
+    task_scheduler: str = "gradient",
 ) -> TuneResult:
-    """Tune a PrimFunc, or each PrimFunc of an IRModule (``trials`` split evenly between them).
+    """Tune a PrimFunc, each PrimFunc of an IRModule, or a whole Relax model.
+
+    A Relax model (an IRModule with a Relax ``main``) is fused with fastsearch's partitioner;
+    each distinct fused PrimFunc is a task weighted by its number of calls (pure reshapes,
+    loop-free functions and operators fastsearch cannot import are skipped and keep TVM's
+    default code). ``result.compile()`` then returns a Relax VM executable.
+
+    With several tasks, ``task_scheduler`` decides which task gets each next batch of trials:
+    ``"gradient"`` (Ansor's rule: one batch each, then the task whose weighted latency should
+    drop most; :mod:`fastsearch.scheduler`) or ``"round-robin"`` (``trials`` split evenly, one
+    batch per task in turn). ``TuneResult.tasks`` holds each task's weight, trials and best.
 
     ``trials`` is the total number of candidates per run directory: records already stored in
     ``work_dir`` (default ``./fastsearch_work/<name>``) count toward it, and no stored candidate
@@ -369,9 +402,20 @@ def tune(
     t_start = time.perf_counter()
     if trials < 0:
         raise ValueError(f"trials must be >= 0, got {trials}")
+    if task_scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     tgt = resolve_target(target)
     make_sampler = _resolve_sampler(strategy)
-    whole, funcs = _primfuncs(mod)
+    is_relax = is_relax_module(mod)
+    if is_relax:
+        assert isinstance(mod, IRModule)
+        whole, model_tasks = extract_tasks(mod)
+        funcs = [(t.name, t.func) for t in model_tasks if t.skip is None]
+        weights = {t.name: t.weight for t in model_tasks}
+    else:
+        whole, funcs = _primfuncs(mod)
+        model_tasks = []
+        weights = {fname: 1 for fname, _ in funcs}
     wname = name or default_name(mod)
     wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / wname
     timing = {k: 0.0 for k in ("search", "apply", "build", "run", "verify", "database", "model")}
@@ -390,12 +434,15 @@ def tune(
     db = TuningDatabase(wdir)
     apply_failures = _ApplyFailures(wdir / APPLY_FAILURES_FILE)
     tasks: list[_Task] = []
-    per_task = [trials // len(funcs) + (1 if i < trials % len(funcs) else 0) for i in range(len(funcs))]
+    n_tasks = max(1, len(funcs))
+    round_robin = task_scheduler == "round-robin"
+    # Round-robin keeps a fixed even split; the gradient rule only bounds the total.
+    per_task = [trials // n_tasks + (1 if i < trials % n_tasks else 0) for i in range(len(funcs))]
     for (fname, tmod), args_info, budget in zip(normalized, described, per_task):
         workload = db.commit_workload(tmod)
         attrs = tmod["main"].attrs
         entry = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
-        result = TaskResult(name=fname, mod=tmod, trials=budget)
+        result = TaskResult(name=fname, mod=tmod, trials=budget, weight=weights[fname])
         task = _Task(
             name=fname,
             mod=tmod,
@@ -406,6 +453,7 @@ def tune(
             post=Postprocessor(tmod, tgt),
             pristine=fresh_copy(tmod),
             result=result,
+            weight=weights[fname],
         )
         best = db.best(workload)
         if best is not None:
@@ -419,90 +467,108 @@ def tune(
     }
     for t in tasks:
         t.result.trials_stored = stored[t.name]
-    total_todo = sum(max(0, t.result.trials - stored[t.name]) for t in tasks)
+    if round_robin:
+        todo = [max(0, t.result.trials - stored[t.name]) for t in tasks]
+        bsizes = [batch_size or min(16, max(4, math.ceil(t.result.trials / 4))) for t in tasks]
+    else:
+        spent = sum(stored.values())
+        todo = [max(0, trials - spent)] * len(tasks)
+        share = max(1, trials // n_tasks)  # small enough that the warm-up reaches every task
+        bsizes = [batch_size or max(1, min(16, max(4, math.ceil(share / 4)), share))] * len(tasks)
+    total_todo = sum(todo) if round_robin else (todo[0] if todo else 0)
+    states = [
+        TaskState(weight=t.weight, history=[t.best_secs] * math.ceil(stored[t.name] / bsizes[i]))
+        for i, t in enumerate(tasks)
+    ]
+    for i in range(len(tasks)):
+        states[i].active = todo[i] > 0
+    scheduler = make_scheduler(task_scheduler, states)
     n_failed = 0
 
     def overall_best_us() -> float | None:
-        if any(not math.isfinite(t.best_secs) for t in tasks):
-            return (
-                None
-                if all(not math.isfinite(t.best_secs) for t in tasks)
-                else sum(t.best_secs for t in tasks if math.isfinite(t.best_secs)) * 1e6
-            )
-        return sum(t.best_secs for t in tasks) * 1e6
+        found = [t.weight * t.best_secs for t in tasks if math.isfinite(t.best_secs)]
+        return sum(found) * 1e6 if found else None
 
-    label = f"{wname}"
+    runs: dict[int, _TaskRun] = {}
     measurer: Measurer | None = None
-    bar = ProgressBar(total_todo, enabled=progress, label=label)
+    bar = ProgressBar(total_todo, enabled=progress, label=wname)
+    remaining = total_todo
     try:
         with bar:
             bar.update(0, best_us=overall_best_us())
-            for ti, task in enumerate(tasks):
-                todo = task.result.trials - stored[task.name]
-                if todo <= 0:
-                    continue
+            while remaining > 0:
+                ti = scheduler.next()
+                if ti is None:
+                    break
+                task = tasks[ti]
                 if measurer is None:
                     measurer = Measurer(tgt, measure, runner=runner)
-                bsize = batch_size or min(16, max(4, math.ceil(task.result.trials / 4)))
-                round_index = 0
-                empty_rounds = 0
-                wl_id = _wl_id(task)
-                sampler = make_sampler(task, db, tgt)
-                update = getattr(sampler, "update", None)
-                if callable(update) and stored[task.name]:
-                    t0 = time.perf_counter()  # warm start from what the database already holds
-                    update(task.func, _stored_results(db, task))
-                    timing["model"] += time.perf_counter() - t0
-                while task.result.trials_measured < todo:
-                    n = min(bsize, todo - task.result.trials_measured)
-                    exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
-                    t0 = time.perf_counter()
-                    drawn = sampler(fresh_copy(task.func), tgt, n, _seed_for(seed, ti, round_index), exclude)
-                    timing["search"] += time.perf_counter() - t0
-                    round_index += 1
-                    t0 = time.perf_counter()
-                    batch: list[_Cand] = []
-                    for item in drawn:
-                        cand = _as_candidate(task, item)
-                        if cand.key not in exclude and len(batch) < n:
-                            exclude.add(cand.key)
-                            batch.append(cand)
-                    timing["apply"] += time.perf_counter() - t0
-                    if not batch:
-                        empty_rounds += 1
-                        if empty_rounds >= 3:
-                            task.result.exhausted = True  # the search space has nothing new
-                            break
-                        continue
-                    empty_rounds = 0
-                    outcome = _run_batch(
-                        task,
-                        batch,
-                        tgt,
-                        db,
-                        measurer,
-                        apply_failures,
-                        timing,
-                        history,
-                        t_start,
-                        verify,
-                        rtol,
-                        atol,
-                        overall_best_us,
-                        runner,
-                    )
-                    n_failed += sum(1 for _, secs in outcome if secs is None)
-                    if callable(update):
-                        t0 = time.perf_counter()
-                        update(task.func, outcome)
+                run = runs.get(ti)
+                if run is None:
+                    run = runs[ti] = _TaskRun(make_sampler(task, db, tgt))
+                    if callable(run.update) and stored[task.name]:
+                        t0 = time.perf_counter()  # warm start from what the database already holds
+                        run.update(task.func, _stored_results(db, task))
                         timing["model"] += time.perf_counter() - t0
-                    bar.update(advance=len(batch), best_us=overall_best_us(), failed=n_failed)
-                inner = getattr(sampler, "timing", None)
+                n = min(bsizes[ti], remaining, todo[ti] - task.result.trials_measured)
+                if len(tasks) > 1:
+                    bar.label = f"{wname} [{ti + 1}/{len(tasks)} {task.name}]"
+                wl_id = _wl_id(task)
+                exclude = set(db.measured_keys(task.workload)) | apply_failures.keys.get(wl_id, set())
+                t0 = time.perf_counter()
+                drawn = run.sampler(
+                    fresh_copy(task.func), tgt, n, _seed_for(seed, ti, run.round_index), exclude
+                )
+                timing["search"] += time.perf_counter() - t0
+                run.round_index += 1
+                t0 = time.perf_counter()
+                batch: list[_Cand] = []
+                for item in drawn:
+                    cand = _as_candidate(task, item)
+                    if cand.key not in exclude and len(batch) < n:
+                        exclude.add(cand.key)
+                        batch.append(cand)
+                timing["apply"] += time.perf_counter() - t0
+                if not batch:
+                    run.empty_rounds += 1
+                    if run.empty_rounds >= 3:
+                        task.result.exhausted = True  # the search space has nothing new
+                        scheduler.deactivate(ti)
+                    continue
+                run.empty_rounds = 0
+                outcome = _run_batch(
+                    task,
+                    batch,
+                    tgt,
+                    db,
+                    measurer,
+                    apply_failures,
+                    timing,
+                    history,
+                    t_start,
+                    verify,
+                    rtol,
+                    atol,
+                    overall_best_us,
+                    runner,
+                )
+                remaining -= len(batch)
+                n_failed += sum(1 for _, secs in outcome if secs is None)
+                if callable(run.update):
+                    t0 = time.perf_counter()
+                    run.update(task.func, outcome)
+                    timing["model"] += time.perf_counter() - t0
+                scheduler.record(ti, task.best_secs)
+                if task.result.trials_measured >= todo[ti]:
+                    scheduler.deactivate(ti)
+                bar.update(advance=len(batch), best_us=overall_best_us(), failed=n_failed)
+            for ti, run in runs.items():
+                inner = getattr(run.sampler, "timing", None)
                 if isinstance(inner, dict) and inner.get("model"):
                     timing["model"] += float(inner["model"])  # trained inside the sampler call
                     timing["search"] -= float(inner["model"])
-                measured_ok = db.best(task.workload) is not None
-                if not measured_ok:
+                task = tasks[ti]
+                if db.best(task.workload) is None:
                     raise MeasurementError(
                         f"task {task.name!r}: none of the {task.result.trials_measured + stored[task.name]} "
                         f"candidates could be built and measured; see the errors in the run history "
@@ -521,6 +587,8 @@ def tune(
         if best is not None:
             task.result.best_latency_us = mean_run_secs([float(s) for s in best.run_secs]) * 1e6
             task.result.best_trace = best.trace
+        if not round_robin:  # what the gradient rule gave the task, stored records included
+            task.result.trials = task.result.trials_stored + task.result.trials_measured
     timing["database"] += time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
 
@@ -528,23 +596,46 @@ def tune(
     for task in tasks:
         for kind, count in task.result.failures.items():
             failures[kind] = failures.get(kind, 0) + count
-    lat = [t.result.best_latency_us for t in tasks]
-    best_latency = sum(x for x in lat if x is not None) if all(x is not None for x in lat) else None
+    lat = [(t.weight, t.result.best_latency_us) for t in tasks]
+    best_latency = (
+        sum(w * x for w, x in lat if x is not None) if lat and all(x is not None for _, x in lat) else None
+    )
+    results = {t.name: t.result for t in tasks}
+    if is_relax:  # every task in program order, the skipped ones with their reason
+        tuned = results
+        results = {}
+        for mt in model_tasks:
+            results[mt.name] = tuned.get(mt.name) or TaskResult(
+                name=mt.name, mod=_normalize_mod(mt.func), trials=0, weight=mt.weight, skipped=mt.skip
+            )
+            results[mt.name].functions = list(mt.functions)
     return TuneResult(
         best_latency_us=best_latency,
-        best_trace=tasks[0].result.best_trace if len(tasks) == 1 else None,
+        best_trace=tasks[0].result.best_trace if len(tasks) == 1 and not is_relax else None,
         database=db,
         work_dir=wdir,
         timing=timing,
         trials_measured=sum(t.result.trials_measured for t in tasks),
         failed=n_failed,
         history=history,
-        tasks={t.name: t.result for t in tasks},
+        tasks=results,
         target=tgt,
         mod=whole,
         failures={k: failures[k] for k in sorted(failures, key=_kind_order)},
         repairs=list(db.repairs),
+        is_relax=is_relax,
+        task_scheduler=task_scheduler,
     )
+
+
+class _TaskRun:
+    """A task's search state across the batches the scheduler gives it."""
+
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
+        self.update = getattr(sampler, "update", None)
+        self.round_index = 0
+        self.empty_rounds = 0
 
 
 def _kind_order(kind: str) -> int:

@@ -1,0 +1,101 @@
+"""Small Relax models built in code (random weights, batch 1), for trying ``fastsearch tune`` on a
+whole model without a model file, and for tests. ``MODELS`` maps each name to a builder.
+
+They are deliberately tiny (tuning one takes a minute on a laptop) and repeat identical layers,
+so the task deduplication shows: ``resnet-tiny`` has two identical basic blocks, ``mlp-tiny``
+three identical hidden layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax import op as R
+
+from fastsearch.errors import UnsupportedWorkload
+
+__all__ = ["MODELS", "load_model", "mlp", "model_inputs", "resnet_tiny"]
+
+
+def _weight(rng: np.random.Generator, *shape: int) -> relax.Expr:
+    return relax.const((rng.standard_normal(shape) * 0.1).astype("float32"))
+
+
+def resnet_tiny(channels: int = 8, size: int = 16, blocks: int = 2, seed: int = 0) -> tvm.IRModule:
+    """A stem convolution, ``blocks`` identical residual basic blocks (conv-relu-conv + skip,
+    relu), global average pooling and a dense classifier of 10 classes."""
+    rng = np.random.default_rng(seed)
+    data = relax.Var("data", relax.TensorType((1, 3, size, size), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [data]):
+        with bb.dataflow():
+
+            def conv(x: relax.Expr, cin: int, relu: bool) -> relax.Expr:
+                y = bb.emit(R.nn.conv2d(x, _weight(rng, channels, cin, 3, 3), padding=1))
+                y = bb.emit(R.add(y, _weight(rng, 1, channels, 1, 1)))
+                return bb.emit(R.nn.relu(y)) if relu else y
+
+            x = conv(data, 3, relu=True)
+            for _ in range(blocks):
+                y = conv(conv(x, channels, relu=True), channels, relu=False)
+                x = bb.emit(R.nn.relu(bb.emit(R.add(y, x))))
+            x = bb.emit(R.mean(x, axis=[2, 3]))
+            x = bb.emit(R.matmul(x, _weight(rng, channels, 10)))
+            out = bb.emit_output(R.add(x, _weight(rng, 10)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def mlp(features: int = 64, hidden_layers: int = 3, classes: int = 10, seed: int = 0) -> tvm.IRModule:
+    """Dense layers with bias and ReLU (``hidden_layers`` identical ones), then a classifier."""
+    rng = np.random.default_rng(seed)
+    data = relax.Var("data", relax.TensorType((1, features), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [data]):
+        with bb.dataflow():
+            x: relax.Expr = data
+            for _ in range(hidden_layers):
+                x = bb.emit(R.matmul(x, _weight(rng, features, features)))
+                x = bb.emit(R.nn.relu(bb.emit(R.add(x, _weight(rng, features)))))
+            x = bb.emit(R.matmul(x, _weight(rng, features, classes)))
+            out = bb.emit_output(R.add(x, _weight(rng, classes)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+#: Built-in models by name (``fastsearch tune --model NAME``).
+MODELS: dict[str, Callable[[], tvm.IRModule]] = {
+    "resnet-tiny": resnet_tiny,
+    "mlp-tiny": mlp,
+}
+
+
+def load_model(name: str) -> tvm.IRModule:
+    """The built-in model called ``name``."""
+    builder = MODELS.get(name.lower())
+    if builder is None:
+        raise UnsupportedWorkload(f"unknown model {name!r}; built-in models: {', '.join(MODELS)}")
+    return builder()
+
+
+def model_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs for ``mod["main"]`` (static shapes; floats in [-1, 1), integers in [0, 8))."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for param in mod["main"].params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise UnsupportedWorkload(f"input {param.name} is not a tensor of known shape")
+        try:
+            shape = [int(d) for d in ty.shape]
+        except TypeError:
+            raise UnsupportedWorkload(f"input {param.name} has a dynamic shape {ty.shape}") from None
+        dtype = str(ty.dtype)
+        if dtype.startswith("float"):
+            out.append(rng.uniform(-1, 1, shape).astype(dtype))
+        else:
+            out.append(rng.integers(0, 8, shape).astype(dtype))
+    return out

@@ -1,0 +1,147 @@
+"""Tasks of a whole Relax model: its fused operators, deduplicated, with how often each runs.
+
+The model is fused with fastsearch's own partitioner (:func:`fastsearch.partition.fuse`), so the
+PrimFuncs tuned are exactly those TVM compiles. Structurally identical PrimFuncs (the same layer
+repeated) become one task whose weight is the number of calls to any of them; the database keys
+them by the PrimFunc normalized as MetaSchedule normalizes it, which is what
+``relax.transform.MetaScheduleApplyDatabase`` looks up, so one tuned record serves every copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.ir import IRModule
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+from tvm_ffi import structural_equal, structural_hash
+
+from fastsearch.errors import FastsearchError, UnsupportedWorkload
+
+__all__ = ["ModelTask", "apply_database", "extract_tasks", "is_relax_module"]
+
+_CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace")
+
+
+@dataclass
+class ModelTask:
+    """One distinct fused PrimFunc of a model: ``name`` (its first function's name), the
+    PrimFunc, its ``weight`` (calls per inference), every function of the module it stands for,
+    and why it is not tuned (``skip``, ``None`` when it is)."""
+
+    name: str
+    func: tvm.tirx.PrimFunc
+    weight: int
+    functions: list[str] = field(default_factory=list)
+    skip: str | None = None
+
+
+def is_relax_module(mod: object) -> bool:
+    """Whether ``mod`` is an IRModule holding a Relax function (a model, not a kernel library)."""
+    return isinstance(mod, IRModule) and any(
+        isinstance(func, relax.Function) for _, func in mod.functions_items()
+    )
+
+
+def _call_counts(mod: IRModule) -> dict[str, int]:
+    """Calls to each PrimFunc from the module's Relax functions (``call_tir`` sites)."""
+    counts: dict[str, int] = {}
+
+    def visit(node: object) -> None:
+        if (
+            isinstance(node, relax.Call)
+            and isinstance(node.op, tvm.ir.Op)
+            and node.op.name in _CALL_TIR_OPS
+            and isinstance(node.args[0], tvm.ir.GlobalVar)
+        ):
+            name = node.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+def _has_loops(program: object) -> bool:
+    """Whether fastsearch's program model (``program_dict``) of a PrimFunc has a loop."""
+    if isinstance(program, dict):
+        return program.get("node") == "loop" or any(_has_loops(v) for v in program.values())
+    if isinstance(program, list):
+        return any(_has_loops(v) for v in program)
+    return False
+
+
+def _skip_reason(func: tvm.tirx.PrimFunc, name: str) -> str | None:
+    """Why a task is not worth tuning (or cannot be), else ``None``."""
+    from fastsearch.tir_import import program_dict
+
+    # The VM lowers a pure reshape to a view (RewriteDataflowReshape): no kernel runs.
+    if relax.analysis.has_reshape_pattern(func):
+        return "reshape (a view at run time)"
+    try:
+        program = program_dict(_normalize_mod(func)["main"], name)
+    except FastsearchError as exc:  # an operator fastsearch's sketches do not cover
+        return f"unsupported: {str(exc).splitlines()[0][:120]}"
+    if not _has_loops(program):
+        return "no loops"
+    return None
+
+
+def extract_tasks(mod: IRModule, max_fuse_depth: int | None = None) -> tuple[IRModule, list[ModelTask]]:
+    """Fuse a Relax model and list its tasks in program order (first call).
+
+    Returns the fused module (what ``tvm.compile`` and the database pass get) and one
+    :class:`ModelTask` per distinct PrimFunc that is called; tasks without loops, pure reshapes
+    and operators fastsearch cannot import carry a ``skip`` reason and keep TVM's default code.
+    """
+    from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, fuse
+
+    if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+        raise UnsupportedWorkload("the Relax module has no function `main` to tune")
+    fused = fuse(mod, max_fuse_depth or DEFAULT_MAX_FUSE_DEPTH)
+    counts = _call_counts(fused)
+    prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    # Program order: the order of first calls in main, then any other called function by name.
+    order: list[str] = []
+
+    def visit(node: object) -> None:
+        if (
+            isinstance(node, relax.Call)
+            and isinstance(node.op, tvm.ir.Op)
+            and node.op.name in _CALL_TIR_OPS
+            and isinstance(node.args[0], tvm.ir.GlobalVar)
+            and node.args[0].name_hint not in order
+        ):
+            order.append(node.args[0].name_hint)
+
+    relax.analysis.post_order_visit(fused["main"], visit)
+    order += sorted(n for n in counts if n not in order)
+
+    tasks: list[ModelTask] = []
+    by_hash: dict[int, list[tuple[tvm.IRModule, ModelTask]]] = {}
+    for name in order:
+        func = prims.get(name)
+        if func is None:
+            continue
+        normalized = _normalize_mod(func)
+        bucket = by_hash.setdefault(structural_hash(normalized), [])
+        twin = next((t for m, t in bucket if structural_equal(m, normalized)), None)
+        if twin is not None:
+            twin.weight += counts[name]
+            twin.functions.append(name)
+            continue
+        task = ModelTask(name=name, func=func, weight=counts[name], functions=[name])
+        task.skip = _skip_reason(func, name)
+        bucket.append((normalized, task))
+        tasks.append(task)
+    return fused, tasks
+
+
+def apply_database(fused: IRModule, database: object, target: tvm.target.Target) -> IRModule:
+    """``fused`` with every PrimFunc that has a valid record replaced by its best schedule
+    (``relax.transform.MetaScheduleApplyDatabase``, which needs the target and database in
+    scope)."""
+    with target, database:  # type: ignore[attr-defined]
+        return relax.transform.MetaScheduleApplyDatabase()(fused)
