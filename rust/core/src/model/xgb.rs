@@ -126,6 +126,15 @@ impl Forest {
                 {
                     return Err(bad("tree arrays of different lengths"));
                 }
+                // Indices are stored as i32: a wider value would change meaning when narrowed
+                // (a negative "leaf" marker could become a child index).
+                if left
+                    .iter()
+                    .chain(&right)
+                    .any(|&c| i32::try_from(c).is_err())
+                {
+                    return Err(bad("tree child index out of range"));
+                }
                 // Children must point forward so evaluation always terminates.
                 for i in 0..n {
                     let (l, r) = (left[i], right[i]);

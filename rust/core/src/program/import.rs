@@ -260,6 +260,11 @@ fn validate(p: &Program) -> Result<()> {
                 Node::Loop(l) => count(p, &l.body, seen),
                 Node::Block(r) => {
                     seen[r.block] += 1;
+                    // A block placed twice is an error below; descending again could cycle
+                    // (a block placed inside itself) and never end.
+                    if seen[r.block] > 1 {
+                        continue;
+                    }
                     if let Some(c) = &p.blocks[r.block].children {
                         count(p, c, seen);
                     }
