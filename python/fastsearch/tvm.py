@@ -35,7 +35,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
-from tvm_ffi import structural_hash
+from tvm_ffi import register_error, structural_hash
 
 from fastsearch import _core
 from fastsearch.cost_model import StoreFeatureModel, pool_store_features
@@ -51,6 +51,20 @@ __all__ = ["CostModel", "FeatureExtractor", "SearchStats", "SearchStrategy", "st
 _FAILED_SECS = 1e10
 
 _programs: dict[int, str] = {}
+
+
+def _register_errors() -> None:
+    """Lets fastsearch's errors keep their type through MetaSchedule's C++ layer: an error raised
+    in one of our callbacks reaches the caller of ``tune_tir`` as itself, not a RuntimeError.
+    Names are prefixed so they cannot replace TVM's own (it has a ``ScheduleError`` too)."""
+    from fastsearch import errors
+
+    for value in vars(errors).values():
+        if isinstance(value, type) and issubclass(value, FastsearchError):
+            register_error(f"fastsearch.{value.__name__}", value)
+
+
+_register_errors()
 
 
 def _program(mod: tvm.IRModule) -> str:
@@ -80,7 +94,8 @@ def _engine_features(program: str, traces: Sequence[str]) -> list[np.ndarray | F
 def store_features(
     context: ms.TuneContext, candidates: Sequence[MeasureCandidate], fallback: bool = True
 ) -> tuple[list[np.ndarray], int]:
-    """``(n_stores, 164)`` features of each candidate and how many came from TVM's fallback.
+    """``(n_stores, 164)`` features of each candidate (float32 from the engine, float64 from the
+    fallback) and how many came from TVM's fallback.
 
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
     when ``fallback`` (same layout), else its engine error is raised."""
@@ -92,7 +107,7 @@ def store_features(
     if bad:
         theirs = ms.feature_extractor.PerStoreFeature().extract_from(context, [candidates[i] for i in bad])
         for i, t in zip(bad, theirs):
-            rows[i] = t.numpy().astype(np.float32)
+            rows[i] = t.numpy()
     return rows, len(bad)  # type: ignore[return-value]
 
 
@@ -112,7 +127,8 @@ class FeatureExtractor(PyFeatureExtractor):
     def extract_from(self, context: ms.TuneContext, candidates: list[MeasureCandidate]) -> list[Any]:
         rows, fell_back = store_features(context, candidates, self.fallback)
         self.fallbacks += fell_back
-        return [tvm.runtime.tensor(r) for r in rows]
+        # float64, as PerStoreFeature's tensors are: same dtype as well as layout
+        return [tvm.runtime.tensor(r.astype(np.float64)) for r in rows]
 
 
 def _latency(result: ms.runner.RunnerResult) -> float:
