@@ -8,6 +8,7 @@ and saves and loads, a search whose best schedule compiles to a correct kernel),
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -46,6 +47,11 @@ def candidates(func: tvm.tirx.PrimFunc, schedules: list) -> list[ms.MeasureCandi
 
 def tune(func: tvm.tirx.PrimFunc, work_dir: Path, trials: int, **kwargs) -> ms.database.Database:
     """MetaSchedule's tune_tir with builds that skip the tensor-intrinsic import and short timings."""
+    # tune_tir's logging setup lists its logger's handlers by name and fails on an unnamed one;
+    # pytest's log capture leaves unnamed ones there once a test has run
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
+        ms_logger.removeHandler(handler)
     return ms.tune_tir(
         func,
         TARGET,
