@@ -249,3 +249,27 @@ def test_design_space_the_engine_cannot_replay_fails_at_pre_tuning(tmp_path):
         tune(func, tmp_path, 4, space=generator, strategy=fst.SearchStrategy(population_size=8))
     assert isinstance(info.value, FastsearchError)
     assert not records_of(ms.database.JSONDatabase(work_dir=str(tmp_path)))
+
+
+def test_store_feature_model_predicts_as_xgboost():
+    """The pooled-feature model evaluated by the Rust forest predicts what XGBoost does."""
+    import xgboost as xgb
+    from fastsearch.cost_model import StoreFeatureModel, pool_store_features
+
+    rng = np.random.default_rng(0)
+    rows = [
+        rng.uniform(0, 10, size=(int(rng.integers(1, 4)), N_FEATURES)).astype(np.float32) for _ in range(60)
+    ]
+    pooled = pool_store_features(rows)
+    assert pooled.shape == (60, 2 * N_FEATURES)
+    np.testing.assert_array_equal(pooled[0, :N_FEATURES], rows[0].sum(axis=0))
+    lat = 1.0 / (1.0 + pooled[:, 3]) + rng.uniform(0, 0.01, size=60)
+    lat[5] = np.inf
+    model = StoreFeatureModel()
+    model.fit([(pooled[:30], lat[:30]), (pooled[30:], lat[30:])])
+    booster = xgb.Booster()
+    booster.load_model(bytearray(model.booster_json.encode()))
+    np.testing.assert_allclose(
+        model.predict(pooled), booster.predict(xgb.DMatrix(pooled)), rtol=1e-5, atol=1e-5
+    )
+    assert len(pool_store_features([np.zeros((0, N_FEATURES), dtype=np.float32)])) == 1
