@@ -53,7 +53,7 @@ def tune(
     )
     wall = time.perf_counter() - t0
     sch = ms.tir_integration.compile_tir(db, func, target)
-    return tvm.compile(sch.mod, target=target), wall
+    return tvm.compile(sch.mod, target=target).jit(), wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--work-dir", default=None, help="keep the databases here (default: a temporary directory)"
+    )
     args = ap.parse_args(argv)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = resolve_target(None)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         for family in args.families:
             for seed in args.seeds:
                 for side in sides:
-                    wd = f"{tmp}/{family}_{seed}_{side}"
+                    wd = f"{args.work_dir or tmp}/{family}_{seed}_{side}"
                     built[family, seed, side] = tune(small(family), target, wd, side, seed, args.trials)
                     print(family, seed, side, f"{built[family, seed, side][1]:.0f} s", file=sys.stderr)
     # re-time every best schedule, interleaved in rounds, under the same load

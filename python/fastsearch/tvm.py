@@ -263,10 +263,12 @@ class _Individual:
 class SearchStats:
     """What :class:`SearchStrategy` did, per task name."""
 
-    #: best latency (s) of each measured batch, inf when the whole batch failed
-    batch_best: dict[str, list[float]] = field(default_factory=dict)
+    #: latencies (s) of each measured batch, in proposal order; inf for a failed candidate
+    batches: dict[str, list[list[float]]] = field(default_factory=dict)
     #: candidates dropped because fastsearch's engine could not replay them
     unreplayable: dict[str, int] = field(default_factory=dict)
+    #: results for candidates the strategy did not propose (their key matched none it did)
+    unmatched: dict[str, int] = field(default_factory=dict)
 
 
 #: Sampling instructions whose decision a mutation redraws.
@@ -474,7 +476,7 @@ class SearchStrategy(PySearchStrategy):
         return sorted(population, key=lambda i: -i.score), list(randoms.values())
 
     def generate_measure_candidates(self) -> list[MeasureCandidate] | None:
-        if self.proposed >= self.max_trials:
+        if self.proposed >= self.max_trials or not self.spaces:
             return None
         n = min(self.per_iter, self.max_trials - self.proposed)
         population, randoms = self._evolve()
@@ -500,13 +502,15 @@ class SearchStrategy(PySearchStrategy):
         for cand, result in zip(measure_candidates, results):
             key = trace_json(cand.sch.trace.simplified(remove_postproc=True))
             ind = self.pending.pop(key, None)
+            if ind is None:
+                self.stats.unmatched[self.task] = self.stats.unmatched.get(self.task, 0) + 1
             lat = _latency(result)
             lats.append(lat)
             trace = ind.trace if ind is not None else cand.sch.trace.simplified(remove_postproc=True)
             self.measured[key] = (lat, trace)
             if ind is not None and ind.pooled is not None:
                 self.measured_pooled[key] = ind.pooled
-        self.stats.batch_best.setdefault(self.task, []).append(min(lats, default=math.inf))
+        self.stats.batches.setdefault(self.task, []).append(lats)
         if self.internal is not None and self.measured_pooled:
             keys = list(self.measured_pooled)
             self.internal.fit(
