@@ -274,3 +274,18 @@ def test_store_feature_model_predicts_as_xgboost():
         model.predict(pooled), booster.predict(xgb.DMatrix(pooled)), rtol=1e-5, atol=1e-5
     )
     assert len(pool_store_features([np.zeros((0, N_FEATURES), dtype=np.float32)])) == 1
+
+
+def test_module_name_does_not_shadow_tvm():
+    """``fastsearch.tvm`` is reached only as a submodule: every fastsearch module's ``tvm`` is TVM."""
+    import importlib
+    import pkgutil
+
+    import fastsearch
+
+    assert fst.__name__ == "fastsearch.tvm" and tvm.__name__ == "tvm"
+    assert fst.tvm is tvm  # the drop-in module's own ``import tvm`` is TVM, not itself
+    for info in pkgutil.iter_modules(fastsearch.__path__):
+        module = importlib.import_module(f"fastsearch.{info.name}")
+        if info.name != "tvm" and hasattr(module, "tvm"):
+            assert module.tvm is tvm, f"fastsearch.{info.name}.tvm is {module.tvm!r}"
