@@ -243,15 +243,19 @@ def test_search_strategy_improves_over_its_first_batch(tmp_path):
 
 def test_search_strategy_resumes_without_repeating(tmp_path):
     """A second run on the same database proposes nothing already measured, and starts from
-    the best measured candidates."""
+    the best measured candidates. The second run has no cost model (``"none"``): the strategy
+    scores with its own StoreFeatureModel, trained on its results."""
     func = small("GMM")
     strategy = fst.SearchStrategy(population_size=32, generations=2, seed=0)
     tune(func, tmp_path, 8, strategy=strategy, cost_model=fst.CostModel())
-    db = tune(func, tmp_path, 8, strategy=fst.SearchStrategy(population_size=32, generations=2, seed=0))
+    again = fst.SearchStrategy(population_size=32, generations=2, seed=0)
+    db = tune(func, tmp_path, 16, strategy=again, cost_model="none")
     records = records_of(db)
-    assert len(records) == 16
+    assert len(records) == 24
     keys = {trace_json(r.trace.simplified(remove_postproc=True)) for r in records}
-    assert len(keys) == 16
+    assert len(keys) == 24
+    (batches,) = again.stats.batches.values()
+    assert [len(b) for b in batches] == [8, 8] and not any(again.stats.unmatched.values())
 
 
 def test_design_space_the_engine_cannot_replay_fails_at_pre_tuning(tmp_path):
