@@ -95,6 +95,11 @@ def test_feature_extractor_equals_per_store_feature(family):
         d = first_difference(o.numpy(), t.numpy(), same_names=False)
         assert d is None, f"{family} candidate {i}: {d}"
     assert extractor.fallbacks == 0
+    # the search's fast trace -> JSON conversion writes what fastsearch's reference one does
+    for sch in schedules:
+        assert json.loads(fst.trace_text(sch.trace)) == json.loads(trace_json(sch.trace))
+        pre = sch.trace.simplified(remove_postproc=True)
+        assert json.loads(fst.trace_text(pre)) == json.loads(trace_json(pre))
 
 
 def _blockized(func: tvm.tirx.PrimFunc) -> tvm.s_tir.Schedule:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +36,14 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
-from tvm_ffi import register_error, structural_hash
+from tvm.tirx import FloatImm, IntImm
+from tvm.tirx.function import IndexMap
+from tvm_ffi import Map, get_global_func, register_error, structural_hash
 
 from fastsearch import _core
 from fastsearch.cost_model import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
 from fastsearch.features import N_FEATURES, extract_features_json
-from fastsearch.loop_nest import trace_json
 from fastsearch.sample import fresh_copy
 from fastsearch.tir_import import main_function, program_json
 
@@ -51,6 +53,7 @@ __all__ = ["CostModel", "FeatureExtractor", "SearchStats", "SearchStrategy", "st
 _FAILED_SECS = 1e10
 
 _programs: dict[int, str] = {}
+_trace_as_json = get_global_func("s_tir.schedule.TraceAsJSON")
 
 
 def _register_errors() -> None:
@@ -76,6 +79,28 @@ def _program(mod: tvm.IRModule) -> str:
     return _programs[key]
 
 
+def _plain(v: Any) -> Any:
+    """A value of ``TraceAsJSON`` as plain JSON, as :func:`fastsearch.loop_nest.trace_json`
+    writes it; one pass instead of TVM's ``Trace.as_json`` and a second conversion."""
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    if isinstance(v, IntImm):
+        return int(v.value)
+    if isinstance(v, FloatImm):
+        return float(v.value)
+    if isinstance(v, Map):
+        return {str(_plain(k)): _plain(x) for k, x in v.items()}
+    if isinstance(v, IndexMap):
+        return tvm.ir.save_json(v)
+    return [_plain(x) for x in v]
+
+
+def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
+    """The trace as JSON text, equal (as JSON) to ``loop_nest.trace_json``: the search converts
+    thousands of traces per round, and this is its costliest step."""
+    return json.dumps(_plain(_trace_as_json(trace, remove_postproc)))
+
+
 def _engine_features(program: str, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
     """Per-store features of each trace, or the engine's error for one it cannot replay."""
     try:
@@ -99,7 +124,7 @@ def store_features(
 
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
     when ``fallback`` (same layout), else its engine error is raised."""
-    texts = [trace_json(c.sch.trace) for c in candidates]
+    texts = [trace_text(c.sch.trace) for c in candidates]
     rows = _engine_features(_program(context.mod), texts)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
     if bad and not fallback:
@@ -156,6 +181,20 @@ class _Records:
         self.latencies = np.concatenate([self.latencies, latencies])
 
 
+# Live CostModel instances: MetaSchedule hands the strategy only the TVM object, and the strategy
+# that finds ours behind it scores with the pooled features it already has.
+_cost_models: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _our_cost_model(obj: Any) -> Any:
+    """The :class:`CostModel` instance behind a TVM cost model object, or None."""
+    for inst in list(_cost_models):
+        outer = getattr(inst, "_outer", None)
+        if outer is not None and outer() is not None and outer().same_as(obj):
+            return inst
+    return None
+
+
 @derived_object
 class CostModel(PyCostModel):
     """XGBoost on fastsearch's per-store features pooled per candidate (sum and max over stores).
@@ -170,6 +209,7 @@ class CostModel(PyCostModel):
     def __init__(
         self, params: dict | None = None, rounds: int | None = None, seed: int = 0, fallback: bool = True
     ) -> None:
+        _cost_models.add(self)
         self.model = StoreFeatureModel(params) if rounds is None else StoreFeatureModel(params, rounds)
         self.records: dict[str, _Records] = {}
         self.rng = np.random.default_rng(seed)
@@ -346,7 +386,7 @@ class SearchStrategy(PySearchStrategy):
             raise ValueError("SearchStrategy.pre_tuning before it was initialized with a TuneContext")
         for i, space in enumerate(design_spaces):
             try:
-                _core.apply_trace(self.program, trace_json(space.trace), False)
+                _core.apply_trace(self.program, trace_text(space.trace), False)
             except FastsearchError as exc:
                 raise type(exc)(
                     f"design space {i} of {len(design_spaces)} cannot be replayed by fastsearch's "
@@ -356,6 +396,7 @@ class SearchStrategy(PySearchStrategy):
         self.max_trials = max_trials
         self.per_iter = num_trials_per_iter
         self.cost_model = cost_model
+        self.ours = None if cost_model is None else _our_cost_model(cost_model)
         self.internal = None if cost_model is not None else StoreFeatureModel()
         self.proposed = 0
         self.pending: dict[str, _Individual] = {}
@@ -376,12 +417,13 @@ class SearchStrategy(PySearchStrategy):
             trace = record.trace.simplified(remove_postproc=True)
             secs = [float(s) for s in record.run_secs] if record.run_secs else []
             lat = sum(secs) / len(secs) if secs else math.inf
-            self.measured[trace_json(trace)] = (lat if 0 < lat < _FAILED_SECS else math.inf, trace)
+            self.measured[trace_text(trace)] = (lat if 0 < lat < _FAILED_SECS else math.inf, trace)
 
     def post_tuning(self) -> None:
         # drop the references that tie this object to the task (C++ holds us, we held it)
         self.context = None
         self.cost_model = None
+        self.ours = None
         self.pending = {}
 
     def _materialize(self, trace: Trace) -> _Individual | None:
@@ -397,7 +439,7 @@ class SearchStrategy(PySearchStrategy):
                 return None
         except tvm.TVMError:
             return None
-        return _Individual(trace_json(pre), pre, sch)
+        return _Individual(trace_text(pre), pre, sch)
 
     def _sample(self) -> _Individual | None:
         return self._materialize(self.spaces[int(self.rng.integers(len(self.spaces)))])
@@ -417,7 +459,7 @@ class SearchStrategy(PySearchStrategy):
         replay, and scores the rest with the cost model."""
         todo = [i for i in individuals if i.pooled is None]
         if todo:
-            rows = _engine_features(self.program, [trace_json(i.schedule.trace) for i in todo])
+            rows = _engine_features(self.program, [trace_text(i.schedule.trace) for i in todo])
             errors = [r for r in rows if isinstance(r, FastsearchError)]
             self.stats.unreplayable[self.task] = self.stats.unreplayable.get(self.task, 0) + len(errors)
             if errors and len(errors) == len(rows):
@@ -433,6 +475,8 @@ class SearchStrategy(PySearchStrategy):
         return [i for i in individuals if i.pooled is not None]
 
     def _predict(self, individuals: list[_Individual], pooled: np.ndarray) -> np.ndarray:
+        if self.ours is not None:  # our CostModel: no second trip through TVM for the features
+            return self.ours.predict_pooled(pooled)
         if self.cost_model is not None:
             cands = [MeasureCandidate(i.schedule, self.args_info) for i in individuals]
             return np.asarray(self.cost_model.predict(self.context, cands), dtype=np.float64)
@@ -500,7 +544,7 @@ class SearchStrategy(PySearchStrategy):
     ) -> None:
         lats = []
         for cand, result in zip(measure_candidates, results):
-            key = trace_json(cand.sch.trace.simplified(remove_postproc=True))
+            key = trace_text(cand.sch.trace.simplified(remove_postproc=True))
             ind = self.pending.pop(key, None)
             if ind is None:
                 self.stats.unmatched[self.task] = self.stats.unmatched.get(self.task, 0) + 1
