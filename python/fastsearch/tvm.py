@@ -399,6 +399,7 @@ class SearchStrategy(PySearchStrategy):
         self.ours = None if cost_model is None else _our_cost_model(cost_model)
         self.internal = None if cost_model is not None else StoreFeatureModel()
         self.proposed = 0
+        self.engine_error: FastsearchError | None = None
         self.pending: dict[str, _Individual] = {}
         # key -> (latency, trace before postprocessing): what seeds the population
         self.measured: dict[str, tuple[float, Trace]] = {}
@@ -462,8 +463,8 @@ class SearchStrategy(PySearchStrategy):
             rows = _engine_features(self.program, [trace_text(i.schedule.trace) for i in todo])
             errors = [r for r in rows if isinstance(r, FastsearchError)]
             self.stats.unreplayable[self.task] = self.stats.unreplayable.get(self.task, 0) + len(errors)
-            if errors and len(errors) == len(rows):
-                raise errors[0]  # nothing replays: a gap in the engine, not bad luck
+            if errors:
+                self.engine_error = errors[0]
             kept = [(i, r) for i, r in zip(todo, rows) if not isinstance(r, FastsearchError)]
             pooled = pool_store_features([r for _, r in kept])
             for (ind, _), p in zip(kept, pooled):
@@ -502,6 +503,8 @@ class SearchStrategy(PySearchStrategy):
             self._unique(randoms, [self._sample()])
         self._unique(pool, list(randoms.values()))
         population = self._score(list(pool.values()))
+        if pool and not population and self.engine_error is not None:
+            raise self.engine_error  # a whole population fails: a gap in the engine, not bad luck
         for _ in range(self.generations):
             if not population:
                 break
