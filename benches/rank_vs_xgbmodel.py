@@ -11,8 +11,9 @@ Models, all on the same records:
 * MetaSchedule's ``XGBModel`` (PerStoreFeature, its pack-sum objective, default config,
   ``num_warmup_samples=0``), fed one ``update`` per training workload as during tuning;
 * fastsearch: XGBoost on ``fastsearch.extract_features`` rows pooled per candidate (sum and
-  max over stores), labels = relative throughput per task, with a squared-error objective and
-  with a pairwise ranking objective (one query group per task).
+  max over stores), labels = relative throughput per task, with a squared-error objective
+  (``fastsearch.cost_model.StoreFeatureModel``, the model of the drop-in
+  ``fastsearch.tvm.CostModel``) and with a pairwise ranking objective (one query group per task).
 
     python benches/rank_vs_xgbmodel.py --suite-dir suite64 --out rank_heldout.md
 """
@@ -32,7 +33,14 @@ import numpy as np
 import tvm
 import xgboost as xgb
 from fastsearch.cli import load_workload
-from fastsearch.cost_model import pairwise_accuracy
+from fastsearch.cost_model import (
+    STORE_ROUNDS,
+    STORE_XGB_PARAMS,
+    CostModel,
+    StoreFeatureModel,
+    pairwise_accuracy,
+    pool_store_features,
+)
 from fastsearch.features import extract_features
 from fastsearch.target import resolve_target
 from tvm.s_tir import meta_schedule as ms
@@ -41,22 +49,9 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _mean_us, _records_in_order
 
-XGB_PARAMS = {"max_depth": 6, "eta": 0.2, "min_child_weight": 1, "nthread": 2, "seed": 0}
-ROUNDS = 100
-
-
-def pooled(rows: list[np.ndarray]) -> np.ndarray:
-    """One vector per candidate: per-store features summed (as pack-sum adds per-store scores)
-    and their maximum (the dominant store)."""
-    return np.stack([np.concatenate([r.sum(axis=0), r.max(axis=0)]) for r in rows]).astype(np.float32)
-
-
-def relative_throughput(lat: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(lat)
-    ok = np.isfinite(lat)
-    if ok.any():
-        out[ok] = lat[ok].min() / lat[ok]
-    return out
+# the ranking variant trains with the regression model's parameters and rounds
+XGB_PARAMS = {k: v for k, v in STORE_XGB_PARAMS.items() if k != "objective"}
+ROUNDS = STORE_ROUNDS
 
 
 def top8_has_best(pred: np.ndarray, lat: np.ndarray) -> bool:
@@ -94,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for t in tasks.values():
         traces = [r.trace for r in t["records"]]
-        t["x"] = pooled(extract_features(t["func"], traces, target))
-        t["y"] = relative_throughput(t["latency_us"])
+        t["x"] = pool_store_features(extract_features(t["func"], traces, target))
+        t["y"] = CostModel.labels(t["latency_us"])
     fs_feature_s = time.perf_counter() - t0
 
     # MetaSchedule's side: candidates as postprocessed schedules, contexts per task
@@ -120,13 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         train = [tasks[n] for n in names if n != held]
         scores: dict[str, tuple[float, bool]] = {}
 
+        reg = StoreFeatureModel()  # what fastsearch.tvm.CostModel trains
+        reg.fit([(t["x"], t["latency_us"]) for t in train])
+        pred = reg.predict(test["x"])
+        scores["fastsearch reg"] = (pairwise_accuracy(pred, lat), top8_has_best(pred, lat))
+
         x = np.concatenate([t["x"] for t in train])
         y = np.concatenate([t["y"] for t in train])
-        reg = xgb.train(
-            {**XGB_PARAMS, "objective": "reg:squarederror"}, xgb.DMatrix(x, label=y), ROUNDS
-        )
-        pred = reg.predict(xgb.DMatrix(test["x"]))
-        scores["fastsearch reg"] = (pairwise_accuracy(pred, lat), top8_has_best(pred, lat))
 
         # ranks within a task are what matter: graded relevance 0..31 from relative throughput
         d = xgb.DMatrix(x, label=np.floor(y * 31))

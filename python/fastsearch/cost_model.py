@@ -1,4 +1,6 @@
-"""The learned cost model: XGBoost on fastsearch's sketch features, retrained online.
+"""The learned cost models: XGBoost on fastsearch's sketch features, retrained online
+(:class:`CostModel`), and on MetaSchedule's per-store features pooled per candidate
+(:class:`StoreFeatureModel`, used by ``fastsearch.tvm.CostModel``).
 
 Labels are relative throughput (``best latency / latency``, 0 for a failed candidate), so the
 model speaks the same scale as the analytical estimate it is blended with in the Rust scorer.
@@ -8,11 +10,13 @@ The trained booster goes to Rust as JSON; the search evaluates its trees there.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from fastsearch import _core
+from fastsearch.features import N_FEATURES as N_STORE_FEATURES
 
 #: XGBoost parameters: small trees, as the records of one run are few (tens to hundreds).
 XGB_PARAMS = {
@@ -100,3 +104,61 @@ def describe(model: CostModel) -> str:
     gains = model.booster.get_score(importance_type="gain")
     ranked = sorted(((names[int(k[1:])], v) for k, v in gains.items()), key=lambda kv: -kv[1])
     return json.dumps(dict(ranked[:10]))
+
+
+#: Parameters of :class:`StoreFeatureModel`: those of ``benches/rank_vs_xgbmodel.py``, where this
+#: model ranked held-out workloads better than MetaSchedule's XGBModel.
+STORE_XGB_PARAMS = {
+    "objective": "reg:squarederror",
+    "max_depth": 6,
+    "eta": 0.2,
+    "min_child_weight": 1,
+    "nthread": 2,
+    "seed": 0,
+}
+STORE_ROUNDS = 100
+
+
+def pool_store_features(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """One vector per candidate from its ``(n_stores, 164)`` per-store features: the sum over
+    stores (as MetaSchedule's pack-sum adds per-store scores) and the maximum (the dominant
+    store). A candidate without stores pools to zeros."""
+    out = np.zeros((len(rows), 2 * N_STORE_FEATURES), dtype=np.float32)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, :N_STORE_FEATURES] = r.sum(axis=0)
+            out[i, N_STORE_FEATURES:] = r.max(axis=0)
+    return out
+
+
+class StoreFeatureModel:
+    """XGBoost regression of relative throughput on pooled per-store features.
+
+    Trained on several tasks at once: labels are relative throughput within each task (its best
+    latency / latency, failed = 0), so tasks of very different cost share one scale.
+    """
+
+    def __init__(self, params: dict | None = None, rounds: int = STORE_ROUNDS) -> None:
+        self.params = dict(STORE_XGB_PARAMS, **(params or {}))
+        self.rounds = rounds
+        self.booster_json: str | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.booster_json is not None
+
+    def fit(self, tasks: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Trains on ``(pooled features, latencies)`` of each task (inf = failed)."""
+        import xgboost as xgb
+
+        x = np.concatenate([np.asarray(f, dtype=np.float32) for f, _ in tasks])
+        y = np.concatenate([CostModel.labels(lat) for _, lat in tasks])
+        booster = xgb.train(self.params, xgb.DMatrix(x, label=y), num_boost_round=self.rounds)
+        self.booster_json = bytes(booster.save_raw("json")).decode()
+
+    def predict(self, pooled: np.ndarray) -> np.ndarray:
+        """Predicted relative throughput, evaluated by fastsearch's Rust forest."""
+        if self.booster_json is None:
+            raise ValueError("the store-feature model is not trained")
+        x = np.asarray(pooled, dtype=np.float32).reshape(-1, 2 * N_STORE_FEATURES)
+        return np.asarray(_core.forest_predict(self.booster_json, x), dtype=np.float64)
