@@ -114,7 +114,16 @@ def _curve(points: list[tuple[int, float, float | None]]) -> list[list[float | N
     return out
 
 
-def run_one(workload: str, seed: int, checkpoints: list[int], repeat: int, work: Path) -> dict[str, Any]:
+def run_one(
+    workload: str,
+    seed: int,
+    checkpoints: list[int],
+    repeat: int,
+    work: Path,
+    earlier: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One run; with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
+    is not tuned again: its database, curve and profile are taken from that run."""
     wl = load_workload(workload)
     func = wl.func
     target = resolve_target(None)
@@ -128,13 +137,51 @@ def run_one(workload: str, seed: int, checkpoints: list[int], repeat: int, work:
     fs_wall = time.perf_counter() - t0
     fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
 
+    if earlier is not None:
+        ms_dir = Path(earlier["work_dir"]) / "metaschedule"
+        ms_wall = earlier["metaschedule"]["wall_s"]
+        profile = earlier["metaschedule"]["profile"]
+        # best-so-far points redraw the same curve when no per-trial points were kept
+        kept = earlier["metaschedule"].get("points") or earlier["metaschedule"]["curve"]
+        ms_points = [(int(p[0]), p[1], p[2]) for p in kept]
+        # the run's folder shows both databases, as for a full run
+        (work / "metaschedule").symlink_to(ms_dir.resolve(), target_is_directory=True)
+    else:
+        ms_dir = work / "metaschedule"
+        ms_wall, profile, ms_points = _tune_metaschedule(func, target, trials, seed, ms_dir)
+    fs_records = _records_in_order(work / "fastsearch", func)
+    ms_records = _records_in_order(ms_dir, func)
+    return _result(
+        wl,
+        workload,
+        seed,
+        trials,
+        target,
+        checkpoints,
+        repeat,
+        func,
+        fs,
+        fs_wall,
+        fs_points,
+        fs_records,
+        ms_wall,
+        profile,
+        ms_points,
+        ms_records,
+        load_start,
+    )
+
+
+def _tune_metaschedule(
+    func: Any, target: tvm.target.Target, trials: int, seed: int, ms_dir: Path
+) -> tuple[float, dict[str, float], list[tuple[int, float, float | None]]]:
     t0 = time.perf_counter()
     curve_cb = _Curve(t0)
     with ms.Profiler() as profiler:
         ms.tune_tir(
             mod=func,
             target=target,
-            work_dir=str(work / "metaschedule"),
+            work_dir=str(ms_dir),
             max_trials_global=trials,
             num_trials_per_iter=min(64, trials),
             seed=seed,
@@ -144,9 +191,28 @@ def run_one(workload: str, seed: int, checkpoints: list[int], repeat: int, work:
     ms_wall = time.perf_counter() - t0
     profile = {k: float(v) for k, v in profiler.get().items()}
     ms_points = [(i + 1, el, lat) for i, (el, lat) in enumerate(curve_cb.points)]
+    return ms_wall, profile, ms_points
 
-    fs_records = _records_in_order(work / "fastsearch", func)
-    ms_records = _records_in_order(work / "metaschedule", func)
+
+def _result(
+    wl: Any,
+    workload: str,
+    seed: int,
+    trials: int,
+    target: tvm.target.Target,
+    checkpoints: list[int],
+    repeat: int,
+    func: Any,
+    fs: Any,
+    fs_wall: float,
+    fs_points: list,
+    fs_records: list,
+    ms_wall: float,
+    profile: dict[str, float],
+    ms_points: list,
+    ms_records: list,
+    load_start: float,
+) -> dict[str, Any]:
     result: dict[str, Any] = {
         "workload": workload,
         "shape": list(wl.shape),
@@ -167,6 +233,7 @@ def run_one(workload: str, seed: int, checkpoints: list[int], repeat: int, work:
             "measured": len(ms_records),
             "failed": sum(1 for r in ms_records if not math.isfinite(_mean_us(r))),
             "curve": _curve(ms_points),
+            "points": [list(p) for p in ms_points],
         },
         "checkpoints": {},
     }
@@ -224,6 +291,15 @@ def report(out_dir: Path) -> str:
         ),
         "",
     ]
+    reused = sorted({r["metaschedule_from"] for r in runs if r.get("metaschedule_from")})
+    if reused:
+        lines += [
+            (
+                f"MetaSchedule's runs were taken from {', '.join(reused)} (tuned there once, same "
+                "machine); fastsearch was tuned anew and both bests re-timed side by side here."
+            ),
+            "",
+        ]
     for n in checkpoints:
         lines += [
             f"### {n} trials",
@@ -369,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="interleaved repeats when re-timing")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--report", action="store_true", help="only aggregate the runs in --out-dir")
+    parser.add_argument(
+        "--reuse-metaschedule",
+        default=None,
+        help="an earlier --out-dir: MetaSchedule's runs (databases, curves, profiles) are taken from "
+        "there instead of tuning again; fastsearch is tuned anew and both bests are re-timed together",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -380,7 +462,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 print(f"{wl} seed {seed}, {max(args.trials)} trials ...", file=sys.stderr, flush=True)
                 work = Path(tempfile.mkdtemp(prefix=f"suite_{wl.replace(':', '_')}_s{seed}_"))
-                res = run_one(wl, seed, sorted(args.trials), args.repeat, work)
+                earlier = None
+                if args.reuse_metaschedule:
+                    old = Path(args.reuse_metaschedule) / path.name
+                    if not old.exists():
+                        parser.error(f"--reuse-metaschedule: no {old}")
+                    earlier = json.loads(old.read_text())
+                res = run_one(wl, seed, sorted(args.trials), args.repeat, work, earlier)
+                res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)
                 path.write_text(json.dumps(res, indent=1))
                 cp = res["checkpoints"][str(max(args.trials))]

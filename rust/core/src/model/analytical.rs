@@ -20,6 +20,8 @@ const L2_BW: f64 = 48.0;
 const MEM_BW: f64 = 8.0;
 /// Share of the modelled memory traffic that is not hidden behind computation.
 const MEMORY_WEIGHT: f64 = 0.1;
+/// Independent FMA chains that keep the FMA units busy: latency (4 cycles) x 2 ports.
+const FMA_CHAINS: f64 = 8.0;
 /// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
 const VECTOR_REGISTERS: f64 = 32.0;
 
@@ -203,7 +205,11 @@ pub fn estimate_block(
             e.inner_extent = inner.map_or(1.0, |l| l.extent);
             e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
             e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
-            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill;
+            // Each accumulator vector is a chain of dependent FMAs: fewer chains than FMA
+            // latency times issue width leaves the FMA units waiting.
+            let chains = (e.accumulators / lanes).max(1.0);
+            let latency_bound = (FMA_CHAINS / chains).max(1.0);
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill * latency_bound;
             let l1_bw = if e.l2_footprint <= L1_BYTES {
                 L1_BW
             } else {
