@@ -55,7 +55,13 @@ def run_fastsearch(
 
 
 def run_metaschedule(
-    func: Any, target: tvm.target.Target, trials: int, seed: int, work: Path, default_builder: bool
+    func: Any,
+    target: tvm.target.Target,
+    trials: int,
+    seed: int,
+    work: Path,
+    default_builder: bool,
+    measure_callbacks: Any = "default",
 ) -> tuple[Any, float | None]:
     """MetaSchedule's default tuning; returns its database and its best mean run time (us).
 
@@ -72,6 +78,7 @@ def run_metaschedule(
         num_trials_per_iter=min(64, trials),
         seed=seed,
         builder=builder,
+        measure_callbacks=measure_callbacks,
     )
     workload = db.commit_workload(_normalize_mod(func))
     top = db.get_top_k(workload, 1)

@@ -36,7 +36,6 @@ from typing import Any
 
 import tvm
 from fastsearch.cli import load_workload
-from fastsearch.measure import build_module
 from fastsearch.target import physical_cores, resolve_target
 from fastsearch.tune import tune
 from tvm.ir.utils import derived_object
@@ -44,7 +43,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_gmm import retime
+from compare_gmm import retime, run_metaschedule
 
 #: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
 DEFAULT_WORKLOADS = ["GMM:2", "C1D:2", "C2D:1", "C2D:3", "DEP:1", "CBR:1", "TBG:0", "SFM:0"]
@@ -151,68 +150,6 @@ def run_one(
         ms_wall, profile, ms_points = _tune_metaschedule(func, target, trials, seed, ms_dir)
     fs_records = _records_in_order(work / "fastsearch", func)
     ms_records = _records_in_order(ms_dir, func)
-    return _result(
-        wl,
-        workload,
-        seed,
-        trials,
-        target,
-        checkpoints,
-        repeat,
-        func,
-        fs,
-        fs_wall,
-        fs_points,
-        fs_records,
-        ms_wall,
-        profile,
-        ms_points,
-        ms_records,
-        load_start,
-    )
-
-
-def _tune_metaschedule(
-    func: Any, target: tvm.target.Target, trials: int, seed: int, ms_dir: Path
-) -> tuple[float, dict[str, float], list[tuple[int, float, float | None]]]:
-    t0 = time.perf_counter()
-    curve_cb = _Curve(t0)
-    with ms.Profiler() as profiler:
-        ms.tune_tir(
-            mod=func,
-            target=target,
-            work_dir=str(ms_dir),
-            max_trials_global=trials,
-            num_trials_per_iter=min(64, trials),
-            seed=seed,
-            builder=ms.builder.LocalBuilder(f_build=build_module),
-            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), curve_cb],
-        )
-    ms_wall = time.perf_counter() - t0
-    profile = {k: float(v) for k, v in profiler.get().items()}
-    ms_points = [(i + 1, el, lat) for i, (el, lat) in enumerate(curve_cb.points)]
-    return ms_wall, profile, ms_points
-
-
-def _result(
-    wl: Any,
-    workload: str,
-    seed: int,
-    trials: int,
-    target: tvm.target.Target,
-    checkpoints: list[int],
-    repeat: int,
-    func: Any,
-    fs: Any,
-    fs_wall: float,
-    fs_points: list,
-    fs_records: list,
-    ms_wall: float,
-    profile: dict[str, float],
-    ms_points: list,
-    ms_records: list,
-    load_start: float,
-) -> dict[str, Any]:
     result: dict[str, Any] = {
         "workload": workload,
         "shape": list(wl.shape),
@@ -260,6 +197,27 @@ def _result(
         result["checkpoints"][str(n)] = entry
     result["load"] = [load_start, os.getloadavg()[0]]
     return result
+
+
+def _tune_metaschedule(
+    func: Any, target: tvm.target.Target, trials: int, seed: int, ms_dir: Path
+) -> tuple[float, dict[str, float], list[tuple[int, float, float | None]]]:
+    t0 = time.perf_counter()
+    curve_cb = _Curve(t0)
+    with ms.Profiler() as profiler:
+        run_metaschedule(
+            func,
+            target,
+            trials,
+            seed,
+            ms_dir,
+            default_builder=False,
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), curve_cb],
+        )
+    ms_wall = time.perf_counter() - t0
+    profile = {k: float(v) for k, v in profiler.get().items()}
+    ms_points = [(i + 1, el, lat) for i, (el, lat) in enumerate(curve_cb.points)]
+    return ms_wall, profile, ms_points
 
 
 # ----------------------------------------------------------------------------- report

@@ -44,18 +44,25 @@ def is_relax_module(mod: object) -> bool:
     )
 
 
+def _called_primfunc(node: object) -> str | None:
+    """Name of the PrimFunc a ``call_tir`` (or in-place) node calls; None for any other node."""
+    if (
+        isinstance(node, relax.Call)
+        and isinstance(node.op, tvm.ir.Op)
+        and node.op.name in _CALL_TIR_OPS
+        and isinstance(node.args[0], tvm.ir.GlobalVar)
+    ):
+        return str(node.args[0].name_hint)
+    return None
+
+
 def _call_counts(mod: IRModule) -> dict[str, int]:
     """Calls to each PrimFunc from the module's Relax functions (``call_tir`` sites)."""
     counts: dict[str, int] = {}
 
     def visit(node: object) -> None:
-        if (
-            isinstance(node, relax.Call)
-            and isinstance(node.op, tvm.ir.Op)
-            and node.op.name in _CALL_TIR_OPS
-            and isinstance(node.args[0], tvm.ir.GlobalVar)
-        ):
-            name = node.args[0].name_hint
+        name = _called_primfunc(node)
+        if name is not None:
             counts[name] = counts.get(name, 0) + 1
 
     for _, func in mod.functions_items():
@@ -107,14 +114,9 @@ def extract_tasks(mod: IRModule, max_fuse_depth: int | None = None) -> tuple[IRM
     order: list[str] = []
 
     def visit(node: object) -> None:
-        if (
-            isinstance(node, relax.Call)
-            and isinstance(node.op, tvm.ir.Op)
-            and node.op.name in _CALL_TIR_OPS
-            and isinstance(node.args[0], tvm.ir.GlobalVar)
-            and node.args[0].name_hint not in order
-        ):
-            order.append(node.args[0].name_hint)
+        name = _called_primfunc(node)
+        if name is not None and name not in order:
+            order.append(name)
 
     relax.analysis.post_order_visit(fused["main"], visit)
     order += sorted(n for n in counts if n not in order)

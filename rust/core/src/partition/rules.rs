@@ -136,8 +136,9 @@ impl<'g> Partitioner<'g> {
         }
     }
 
-    /// Puts every node from `src` up to (excluding) `sink` into `sink`'s group.
-    fn commit_fuse(&mut self, src: usize, sink: usize) {
+    /// Calls `visit` once on every node from `src` along consumer edges up to (excluding)
+    /// `sink`.
+    fn for_each_up_to(&mut self, src: usize, sink: usize, mut visit: impl FnMut(&mut Self, usize)) {
         self.new_traversal();
         let mut stack = std::mem::take(&mut self.stack);
         stack.clear();
@@ -147,10 +148,15 @@ impl<'g> Partitioner<'g> {
                 continue;
             }
             self.mark[node] = self.stamp;
-            self.merge(node, sink);
+            visit(self, node);
             stack.extend_from_slice(self.graph.consumers(node));
         }
         self.stack = stack;
+    }
+
+    /// Puts every node from `src` up to (excluding) `sink` into `sink`'s group.
+    fn commit_fuse(&mut self, src: usize, sink: usize) {
+        self.for_each_up_to(src, sink, |this, node| this.merge(node, sink));
     }
 
     /// Size of `sink`'s group after `src` and everything up to `sink` joins it, counted as TVM
@@ -158,19 +164,7 @@ impl<'g> Partitioner<'g> {
     fn fused_size(&mut self, src: usize, sink: usize) -> usize {
         let sink_root = self.find_root(sink);
         let mut total = self.num_nodes[sink_root];
-        self.new_traversal();
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        stack.push(src);
-        while let Some(node) = stack.pop() {
-            if node == sink || self.mark[node] == self.stamp {
-                continue;
-            }
-            self.mark[node] = self.stamp;
-            total += self.num_nodes[node];
-            stack.extend_from_slice(self.graph.consumers(node));
-        }
-        self.stack = stack;
+        self.for_each_up_to(src, sink, |this, node| total += this.num_nodes[node]);
         total
     }
 
