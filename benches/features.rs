@@ -37,14 +37,14 @@ fn bench_features(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("features/{family}"));
         group.throughput(Throughput::Elements(traces.len() as u64));
         group.bench_function("all threads", |b| {
-            b.iter(|| black_box(extract_traces(&program, &traces)))
+            b.iter(|| black_box(extract_traces(&program, &traces, false)))
         });
         let one = rayon::ThreadPoolBuilder::new()
             .num_threads(1)
             .build()
             .expect("pool");
         group.bench_function("one thread", |b| {
-            b.iter(|| one.install(|| black_box(extract_traces(&program, &traces))))
+            b.iter(|| one.install(|| black_box(extract_traces(&program, &traces, false))))
         });
         group.finish();
     }

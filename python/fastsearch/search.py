@@ -21,10 +21,13 @@ from fastsearch import _core
 from fastsearch.cost_model import CostModel
 from fastsearch.sample import Candidate, Postprocessor, base_schedule, num_cores, replay, vector_bytes
 from fastsearch.tir_import import program_json
+from fastsearch.warm_start import SEED_SHARE, TaskWarmStart
 
 #: Records needed before the learned model is used at all, and until it takes over fully.
 MIN_RECORDS = 8
 FULL_WEIGHT_RECORDS = 64
+#: With a warm start, proposals per candidate wanted, for the warm model to choose from.
+WARM_POOL = 8
 
 STRATEGIES = ("evolutionary", "annealing")
 
@@ -45,6 +48,7 @@ class ModelGuidedSampler:
         population: int | None = None,
         generations: int | None = None,
         state: SearchState | None = None,
+        warm: TaskWarmStart | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
@@ -64,6 +68,8 @@ class ModelGuidedSampler:
         self.genomes: dict[str, str] = state.load_genomes() if state else {}
         self.saved_model = state.load_model() if state else None
         self.timing = {"model": 0.0, "search": 0.0}
+        self.warm = warm
+        self.rounds = 0
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -92,20 +98,32 @@ class ModelGuidedSampler:
 
     def __call__(
         self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
-    ) -> list[Candidate]:
+    ) -> list[Candidate | tvm.s_tir.Trace]:
         measured = self._measured()
         model_json, weight, seeds = self._train(measured)
         # Keys TVM refused, or otherwise excluded, count as measured: never proposed again.
         known = dict(measured)
         for key in exclude:
             known.setdefault(key, float("inf"))
+        first: list[Candidate | tvm.s_tir.Trace] = []
+        warm_weight = 0.0
+        if self.warm is not None:
+            pending = [(k, g) for k, g in self.warm.seeds if k not in known]
+            seeds = seeds + [g for _, g in pending]  # refitted seeds join the population
+            if self.rounds == 0:
+                first = self._warm_seeds(pending, n)
+            valid = sum(1 for lat in measured.values() if np.isfinite(lat))
+            warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
+        self.rounds += 1
+        want = n - len(first)
+        pool = want * WARM_POOL if warm_weight > 0 else want
         t0 = time.perf_counter()
         proposals = _core.propose(
             self.program,
             self.cores,
             self.vector_bytes,
             self.strategy,
-            n,
+            pool,
             seed,
             known,
             seeds,
@@ -115,15 +133,51 @@ class ModelGuidedSampler:
             weight,
         )
         self.timing["search"] += time.perf_counter() - t0
+        if warm_weight > 0 and self.warm is not None and proposals:
+            t0 = time.perf_counter()
+            proposals = self._rerank(proposals, measured, warm_weight)
+            self.timing["model"] += time.perf_counter() - t0
+        proposals = [p for p in proposals if p[0] not in {c.key for c in first if isinstance(c, Candidate)}]
+        proposals = proposals[:want]
         if self.state is not None:
             self.state.add_genomes([(key, genome) for key, genome, _ in proposals])
-        out: list[Candidate] = []
+        out = first
         for key, genome, _score in proposals:
             self.genomes[key] = genome
             sch = replay(self.base, key, self.postprocessor)
             if sch is not None:
                 out.append(Candidate(key, sch))
         return out
+
+    def _warm_seeds(self, pending: list[tuple[str, str]], n: int) -> list[Candidate | tvm.s_tir.Trace]:
+        """The first batch's share of warm-start seeds: same-workload traces, then refitted ones."""
+        assert self.warm is not None
+        room = max(1, int(n * SEED_SHARE))
+        out: list[Candidate | tvm.s_tir.Trace] = list(self.warm.same_workload[:room])
+        for key, genome in pending:
+            if len(out) >= room:
+                break
+            sch = replay(self.base, key, self.postprocessor)
+            if sch is not None:
+                self.genomes[key] = genome
+                out.append(Candidate(key, sch))
+        if self.state is not None:
+            self.state.add_genomes([(c.key, self.genomes[c.key]) for c in out if isinstance(c, Candidate)])
+        return out
+
+    def _rerank(
+        self, proposals: list[tuple[str, str, float]], measured: dict[str, float], warm_weight: float
+    ) -> list[tuple[str, str, float]]:
+        """Orders proposals by a blend of the search's rank and the warm model's, the warm one
+        weighing ``warm_weight``."""
+        assert self.warm is not None
+        if not self.warm.train(measured):
+            return proposals
+        predicted = self.warm.predict([key for key, _, _ in proposals])
+        by_model = np.empty(len(proposals))
+        by_model[np.argsort(-predicted, kind="stable")] = np.arange(len(proposals))
+        blended = warm_weight * by_model + (1.0 - warm_weight) * np.arange(len(proposals))
+        return [proposals[i] for i in np.argsort(blended, kind="stable")]
 
 
 class SearchState:

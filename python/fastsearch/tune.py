@@ -49,6 +49,7 @@ from fastsearch.relax_tasks import apply_database, extract_tasks, is_relax_modul
 from fastsearch.sample import Postprocessor, fresh_copy
 from fastsearch.scheduler import SCHEDULERS, TaskState, make_scheduler
 from fastsearch.target import TargetLike, device_type, resolve_target
+from fastsearch.warm_start import WarmStart, WarmStartLike
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
@@ -138,6 +139,7 @@ class TuneResult:
     repairs: list[str] = field(default_factory=list)
     is_relax: bool = False  # mod is a fused Relax model; compile() gives a VM executable
     task_scheduler: str = "gradient"
+    warm_start: WarmStart | None = None  # the records this run started from
 
     @property
     def best_traces(self) -> dict[str, Trace]:
@@ -221,8 +223,12 @@ STRATEGIES = ("random", "evolutionary", "annealing")
 _MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
 
 
-def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
-    """Per-task sampler factory for ``strategy``."""
+def _resolve_sampler(strategy: str | Sampler, warm: WarmStart | None = None) -> _MakeSampler:
+    """Per-task sampler factory for ``strategy``, started from ``warm`` when given."""
+    if warm is not None and (callable(strategy) or strategy == "random"):
+        raise ValueError(
+            f"warm_start needs a model-guided strategy ({', '.join(STRATEGIES[1:])}), not {strategy!r}"
+        )
     if callable(strategy):
         user = strategy
         return lambda task, db, target: user
@@ -245,6 +251,8 @@ def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
             def history() -> list[tuple[str, float]]:
                 return [(k, math.inf if s is None else s) for k, s in _stored_results(db, task)]
 
+            from fastsearch.tir_import import program_json
+
             return ModelGuidedSampler(
                 fresh_copy(task.func),
                 target,
@@ -252,6 +260,7 @@ def _resolve_sampler(strategy: str | Sampler) -> _MakeSampler:
                 history,
                 postprocessor=task.post,
                 state=SearchState(db.path, task.name),
+                warm=warm.for_task(task.func, program_json(task.func)) if warm is not None else None,
             )
 
         return make_guided
@@ -371,6 +380,7 @@ def tune(
     name: str | None = None,
     runner: RPCRunner | None = None,
     task_scheduler: str = "gradient",
+    warm_start: WarmStartLike | WarmStart | None = None,
 ) -> TuneResult:
     """Tune a PrimFunc, each PrimFunc of an IRModule, or a whole Relax model.
 
@@ -395,6 +405,12 @@ def tune(
     past its timeout or computes a wrong answer is stored as failed and the run goes on;
     ``TuneResult.failures`` counts them by kind.
 
+    ``warm_start`` names the directories of earlier runs' databases (fastsearch's or
+    MetaSchedule's JSONDatabase), or a loaded :class:`fastsearch.warm_start.WarmStart`: their
+    records train a cost model on per-store features that ranks this run's proposals until each
+    task has records of its own, and the best candidates found on other shapes of the same
+    operator are refitted to this shape and measured first (:mod:`fastsearch.warm_start`).
+
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
     :class:`fastsearch.DatabaseError`, :class:`fastsearch.RemoteError` (no reachable device), or
     :class:`fastsearch.MeasurementError` when not a single candidate of a task could be measured.
@@ -405,7 +421,8 @@ def tune(
     if task_scheduler not in SCHEDULERS:
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     tgt = resolve_target(target)
-    make_sampler = _resolve_sampler(strategy)
+    warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
+    make_sampler = _resolve_sampler(strategy, warm)
     is_relax = is_relax_module(mod)
     if is_relax:
         assert isinstance(mod, IRModule)
@@ -625,6 +642,7 @@ def tune(
         repairs=list(db.repairs),
         is_relax=is_relax,
         task_scheduler=task_scheduler,
+        warm_start=warm,
     )
 
 

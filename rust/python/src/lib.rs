@@ -144,6 +144,38 @@ fn extract_features<'py>(
     Ok(out)
 }
 
+/// Like `extract_features`, one candidate at a time: `None` for a trace that cannot be read or
+/// replayed instead of an error for the batch. With `postprocess`, fastsearch's CPU
+/// postprocessors run after the trace (for traces without their postprocessing instructions).
+#[pyfunction]
+#[pyo3(signature = (program_json, trace_jsons, postprocess=false))]
+fn extract_features_each<'py>(
+    py: Python<'py>,
+    program_json: String,
+    trace_jsons: Vec<String>,
+    postprocess: bool,
+) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
+    let rows = guarded(py, "extract_features_each", move || {
+        let program = Program::from_json(&program_json)?;
+        Ok(
+            fastsearch_core::features::extract_traces(&program, &trace_jsons, postprocess)
+                .into_iter()
+                .map(Result::ok)
+                .collect::<Vec<_>>(),
+        )
+    })?;
+    let n = fastsearch_core::features::N_FEATURES;
+    rows.into_iter()
+        .map(|r| {
+            r.map(|data| {
+                let rows = data.len() / n;
+                PyArray1::from_vec(py, data).reshape([rows, n])
+            })
+            .transpose()
+        })
+        .collect()
+}
+
 fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
     jsons
         .iter()
@@ -174,6 +206,32 @@ fn sample_genomes(
         Ok(sketch::sample_genomes(&program, &target, n, seed, &exclude)
             .into_iter()
             .map(|(k, g)| (k, genome_json(&g)))
+            .collect())
+    })
+}
+
+/// Genomes found on other shapes of the same operator, refitted to this program (warm starts):
+/// `(key, genome JSON)` of each, or `None` where it does not carry over (other blocks or rules,
+/// a trace the schedule engine refuses here, or genome JSON that cannot be read).
+#[pyfunction]
+fn transfer_genomes(
+    py: Python<'_>,
+    program_json: String,
+    genomes: Vec<String>,
+) -> PyResult<Vec<Option<(String, String)>>> {
+    guarded(py, "transfer_genomes", move || {
+        let program = Program::from_json(&program_json)?;
+        let space = SketchSpace::new(&program);
+        Ok(genomes
+            .par_iter()
+            .map(|text| {
+                let genome: Genome = serde_json::from_str(text).ok()?;
+                let moved = sketch::transfer(&program, &space, &genome)?;
+                Some((
+                    sketch::emit(&program, &space, &moved).to_string(),
+                    genome_json(&moved),
+                ))
+            })
             .collect())
     })
 }
@@ -354,8 +412,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(program_summary, m)?)?;
     m.add_function(wrap_pyfunction!(sample_sketches, m)?)?;
     m.add_function(wrap_pyfunction!(extract_features, m)?)?;
+    m.add_function(wrap_pyfunction!(extract_features_each, m)?)?;
     m.add_function(wrap_pyfunction!(sample_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(analytical_scores, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(propose, m)?)?;
     m.add_function(wrap_pyfunction!(sketch_feature_rows, m)?)?;
     m.add_function(wrap_pyfunction!(forest_predict, m)?)?;

@@ -141,16 +141,23 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
         .collect()
 }
 
-/// Replays each trace (postprocessing instructions included) on the program and extracts its
-/// features, in parallel; the result does not depend on the thread count.
-pub fn extract_traces(program: &Program, traces: &[String]) -> Vec<Result<Vec<f32>>> {
+/// Replays each trace on the program and extracts its features, in parallel; the result does
+/// not depend on the thread count. Without `postprocess` the trace's own postprocessing
+/// instructions are replayed (a schedule's trace after MetaSchedule's postprocessors); with it,
+/// they are skipped and fastsearch's CPU postprocessors run instead (a trace as stored in a
+/// database, or a candidate's key, which has none).
+pub fn extract_traces(
+    program: &Program,
+    traces: &[String],
+    postprocess: bool,
+) -> Vec<Result<Vec<f32>>> {
     let base = State::from_program(program);
     traces
         .par_iter()
         .map(|t| {
             let mut st = base.clone()?;
             let trace = Trace::from_json(t)?;
-            trace::apply_trace(&mut st, &trace, false)?;
+            trace::apply_trace(&mut st, &trace, postprocess)?;
             extract_state(&st)
         })
         .collect()
@@ -161,7 +168,10 @@ pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f
     let program = Program::from_json(program_json)?;
     let mut data = Vec::new();
     let mut counts = Vec::with_capacity(traces.len());
-    for (i, r) in extract_traces(&program, traces).into_iter().enumerate() {
+    for (i, r) in extract_traces(&program, traces, false)
+        .into_iter()
+        .enumerate()
+    {
         let rows = r.map_err(|e| match e {
             Error::Schedule {
                 instruction,
@@ -218,7 +228,7 @@ mod tests {
     #[test]
     fn every_candidate_gives_full_finite_rows() {
         for (program, traces) in fixture() {
-            for rows in extract_traces(&program, &traces) {
+            for rows in extract_traces(&program, &traces, false) {
                 let rows = rows.unwrap();
                 assert!(!rows.is_empty());
                 assert_eq!(rows.len() % N_FEATURES, 0);
@@ -235,7 +245,7 @@ mod tests {
                     .num_threads(n)
                     .build()
                     .unwrap()
-                    .install(|| extract_traces(&program, &traces))
+                    .install(|| extract_traces(&program, &traces, false))
             };
             assert_eq!(run(1), run(3));
         }
@@ -248,7 +258,7 @@ mod tests {
             "[".to_string(),
             "[[[\"Split\", [\"l9\"], [], []]], []]".to_string(),
         ];
-        for r in extract_traces(&program, &bad) {
+        for r in extract_traces(&program, &bad, false) {
             assert!(r.is_err());
         }
     }

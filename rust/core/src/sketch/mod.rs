@@ -12,6 +12,7 @@ mod analysis;
 mod mutate;
 mod tile;
 mod trace_builder;
+mod transfer;
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -23,6 +24,7 @@ pub use analysis::{analyze, BlockInfo};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
+pub use transfer::{refit_factors, transfer};
 
 use crate::program::{Expr, IterKind, Program};
 use crate::rng::Rng;

@@ -1,0 +1,227 @@
+"""Warm starts: what earlier tuning runs measured, put to work on a new task.
+
+``fastsearch.tune(..., warm_start=DIR)`` reads the MetaSchedule JSONDatabase in ``DIR`` (one
+written by fastsearch or by MetaSchedule's ``tune_tir``/``tune_relax``; several may be given) and
+uses its records in two ways:
+
+* **Cost model.** Every record of every workload the program model can import trains an XGBoost
+  model on pooled per-store features (:class:`fastsearch.cost_model.StoreFeatureModel`; labels
+  are relative throughput within each workload, so operators and shapes of any cost share one
+  scale). Per-store features describe loops, accesses and buffers rather than one sketch's
+  decisions, so they carry over to shapes and operators the records never saw. The new task's
+  own records join the training set batch by batch; the model re-ranks the search's proposals
+  until the task has enough records of its own for its sketch model to take over.
+* **Seeds.** Candidates that fastsearch found on other shapes of the same operator (their
+  genomes are kept next to its database) are refitted to the new shape
+  (``fastsearch._core.transfer_genomes``: same structure and annotations, tile factors moved to
+  the nearest that divide the new extents) and measured first, the best of each source shape in
+  turn; they also seed the evolutionary population. Records of the very same workload, from
+  either tuner, are measured again as they are.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm.s_tir import Trace
+from tvm_ffi import structural_hash
+
+from fastsearch import _core
+from fastsearch.cost_model import StoreFeatureModel, pool_store_features
+from fastsearch.database import RECORD_FILE, WORKLOAD_FILE, TuningDatabase, candidate_key, is_failed, mean_run_secs
+from fastsearch.errors import DatabaseError, FastsearchError
+
+__all__ = ["WarmStart", "TaskWarmStart"]
+
+#: Seeds measured from each source workload at most, and share of the first batch they may take.
+SEEDS_PER_WORKLOAD = 4
+SEED_SHARE = 0.5
+
+WarmStartLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+@dataclass
+class _Source:
+    """One workload of the warm-start databases and its records."""
+
+    func: tvm.tirx.PrimFunc
+    shash: int
+    program: str | None  # None: fastsearch's program model cannot import it
+    records: list[tuple[str, float]]  # (candidate key, mean seconds; inf = failed), fastest first
+    genomes: dict[str, str] = field(default_factory=dict)
+    traces: dict[str, Trace] = field(default_factory=dict)  # the recorded trace of each key
+    pooled: np.ndarray | None = None  # pooled per-store features of each record, rows as records
+
+    @property
+    def valid(self) -> list[tuple[str, float]]:
+        return [(k, s) for k, s in self.records if math.isfinite(s)]
+
+
+class WarmStart:
+    """The records of one or more earlier runs' databases, ready to start new tasks warm.
+
+    Raises :class:`fastsearch.DatabaseError` when a directory holds no database or a corrupt one.
+    """
+
+    def __init__(self, paths: WarmStartLike) -> None:
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        self.paths = [Path(p) for p in paths]
+        by_hash: dict[int, _Source] = {}
+        genomes: dict[str, str] = {}
+        for path in self.paths:
+            if not (path / WORKLOAD_FILE).is_file() or not (path / RECORD_FILE).is_file():
+                raise DatabaseError(
+                    f"warm start: {path} holds no tuning database ({WORKLOAD_FILE} and {RECORD_FILE})"
+                )
+            db = TuningDatabase(path)
+            for rec in db.ms_database.get_all_tuning_records():
+                func = rec.workload.mod["main"]
+                h = int(structural_hash(rec.workload.mod))
+                src = by_hash.get(h)
+                if src is None:
+                    src = by_hash[h] = _Source(func=func, shash=h, program=_program_or_none(func), records=[])
+                secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else None
+                lat = math.inf if is_failed(secs) else mean_run_secs(secs)
+                key = candidate_key(rec.trace)
+                src.records.append((key, lat))
+                src.traces[key] = rec.trace
+            # Genomes of the candidates fastsearch proposed there (any task's file).
+            for gpath in sorted(glob.glob(str(path / "fastsearch_search.*.genomes.jsonl"))):
+                for line in Path(gpath).read_text(encoding="utf-8").splitlines():
+                    try:
+                        entry = json.loads(line)
+                        genomes[str(entry["key"])] = str(entry["genome"])
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a torn line of a killed run
+        self.sources = list(by_hash.values())
+        for src in self.sources:
+            src.records.sort(key=lambda kv: kv[1])
+            src.genomes = {k: genomes[k] for k, _ in src.records if k in genomes}
+            if src.program is not None:
+                src.pooled = _pooled(src.program, [k for k, _ in src.records])
+        self.num_records = sum(len(s.records) for s in self.sources)
+
+    def __repr__(self) -> str:
+        return (
+            f"WarmStart({[str(p) for p in self.paths]}, workloads={len(self.sources)}, "
+            f"records={self.num_records})"
+        )
+
+    def training_set(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(pooled features, latencies) of each source workload with a valid record."""
+        out = []
+        for src in self.sources:
+            if src.pooled is None:
+                continue
+            lat = np.array([s for _, s in src.records])
+            keep = ~np.isnan(src.pooled[:, 0])
+            if np.isfinite(lat[keep]).any():
+                out.append((src.pooled[keep], lat[keep]))
+        return out
+
+    def for_task(self, func: tvm.tirx.PrimFunc, program: str) -> TaskWarmStart:
+        """What the records offer one task: its seeds and a model trained on them."""
+        own = int(structural_hash(tvm.IRModule({"main": func})))
+        same: list[Trace] = []
+        ranked: list[list[tuple[str, str]]] = []
+        for src in self.sources:
+            if src.shash == own and not src.genomes:
+                # The same workload tuned by another tool: its best traces are candidates as they are.
+                same.extend(src.traces[k] for k, _ in src.valid[:SEEDS_PER_WORKLOAD])
+                continue
+            best = [(k, src.genomes[k]) for k, _ in src.valid if k in src.genomes]
+            if not best:
+                continue
+            moved = _core.transfer_genomes(program, [g for _, g in best])
+            ranked.append([m for m in moved if m is not None])
+        # The best of every source workload first, then the second best of each, and so on.
+        seeds: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for rank in range(max((len(r) for r in ranked), default=0)):
+            for r in ranked:
+                if rank < len(r) and r[rank][0] not in seen:
+                    seen.add(r[rank][0])
+                    seeds.append(r[rank])
+        return TaskWarmStart(self, program, seeds, same)
+
+
+class TaskWarmStart:
+    """One task's share of a :class:`WarmStart`: seeds and the store-feature model.
+
+    ``seeds`` are (key, genome) pairs refitted from other shapes, best first; ``same_workload``
+    are traces recorded on this very workload by a tool whose genomes are unknown.
+    """
+
+    def __init__(self, warm: WarmStart, program: str, seeds: list[tuple[str, str]], same: list[Trace]) -> None:
+        self.warm = warm
+        self.program = program
+        self.seeds = seeds
+        self.same_workload = same
+        self.model = StoreFeatureModel()
+        self._features: dict[str, np.ndarray] = {}  # pooled features of this task's candidates
+        self._trained_on = -1
+
+    def features(self, keys: Sequence[str]) -> np.ndarray:
+        """Pooled per-store features of this task's candidates (NaN rows where they fail)."""
+        todo = [k for k in keys if k not in self._features]
+        if todo:
+            for k, row in zip(todo, _pooled(self.program, todo)):
+                self._features[k] = row
+        return np.stack([self._features[k] for k in keys]) if keys else pool_store_features([])
+
+    def train(self, measured: dict[str, float]) -> bool:
+        """(Re)trains on the warm records plus this task's ``measured`` (key -> seconds, inf =
+        failed); False when there is nothing to learn from."""
+        if len(measured) == self._trained_on and self.model.trained:
+            return True
+        tasks = self.warm.training_set()
+        if measured:
+            keys = list(measured)
+            x = self.features(keys)
+            lat = np.array([measured[k] for k in keys])
+            keep = ~np.isnan(x[:, 0])
+            if np.isfinite(lat[keep]).any():
+                tasks.append((x[keep], lat[keep]))
+        if not tasks:
+            return False
+        self.model.fit(tasks)
+        self._trained_on = len(measured)
+        return True
+
+    def predict(self, keys: Sequence[str]) -> np.ndarray:
+        """Predicted relative throughput of candidates; -inf where features cannot be taken."""
+        x = self.features(keys)
+        bad = np.isnan(x[:, 0])
+        out = np.full(len(keys), -np.inf)
+        if (~bad).any():
+            out[~bad] = self.model.predict(x[~bad])
+        return out
+
+
+def _program_or_none(func: tvm.tirx.PrimFunc) -> str | None:
+    from fastsearch.tir_import import program_json
+
+    try:
+        return program_json(func)
+    except FastsearchError:
+        return None
+
+
+def _pooled(program: str, keys: Sequence[str]) -> np.ndarray:
+    """Pooled features per key; a row of NaN for a candidate the engine cannot replay."""
+    rows = _core.extract_features_each(program, list(keys), True)
+    pooled = pool_store_features([r if r is not None else np.zeros((0, 0), np.float32) for r in rows])
+    for i, r in enumerate(rows):
+        if r is None:
+            pooled[i] = np.nan
+    return pooled
+
