@@ -153,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     means = {m: statistics.fmean(s[m][0] for _, _, s in rows if not math.isnan(s[m][0])) for m in models}
     tops = {m: sum(s[m][1] for _, _, s in rows) for m in models}
     lines.append(
-        "| **mean** | | "
-        + " | ".join(f"**{means[m]:.3f}** | {tops[m]}/{len(rows)}" for m in models)
-        + " |"
+        "| **mean** | | " + " | ".join(f"**{means[m]:.3f}** | {tops[m]}/{len(rows)}" for m in models) + " |"
     )
     lines += [
         "",

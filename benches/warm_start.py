@@ -92,7 +92,13 @@ def run_family(
         t0 = time.perf_counter()
         warm_from = WarmStart(dbs)
         warm = tune(
-            func, target, trials=trials, seed=seed, work_dir=scratch / "warm", progress=False, warm_start=warm_from
+            func,
+            target,
+            trials=trials,
+            seed=seed,
+            work_dir=scratch / "warm",
+            progress=False,
+            warm_start=warm_from,
         )
         warm_wall = time.perf_counter() - t0
         res = {
@@ -140,8 +146,10 @@ def report(out_dir: Path) -> str:
         "",
         f"Machine: {platform.processor() or platform.machine()}, target `{runs[0]['target_json']}`.",
         "",
-        "| target | from | seed | cold final best (us) | warm best at trial 1 / 8 / 16 (us) | warm final (us) "
-        "| warm reaches cold final at trial | share of cold trials |",
+        (
+            "| target | from | seed | cold final best (us) | warm best at trial 1 / 8 / 16 (us) "
+            "| warm final (us) | warm reaches cold final at trial | share of cold trials |"
+        ),
         "|---|---|---:|---:|---|---:|---:|---:|",
     ]
     shares = []
@@ -150,7 +158,8 @@ def report(out_dir: Path) -> str:
         share = reach / r["trials"] if reach is not None else math.inf
         shares.append(share)
         early = " / ".join(
-            f"{v:.1f}" if v is not None else "-" for v in (_first_best(r["warm"]["curve"], n) for n in (1, 8, 16))
+            f"{v:.1f}" if v is not None else "-"
+            for v in (_first_best(r["warm"]["curve"], n) for n in (1, 8, 16))
         )
         lines.append(
             f"| {r['target']} | {r['source_tool']} {', '.join(r['sources'])} ({r['warm_records']} records) "
@@ -162,9 +171,7 @@ def report(out_dir: Path) -> str:
     lines += [
         "",
         f"Runs: {len(runs)}; reached in {len(finite)}. Median share of the cold run's trials: "
-        f"**{statistics.median(shares):.2f}**"
-        + (f"; worst {max(shares):.2f}" if shares else "")
-        + ".",
+        f"**{statistics.median(shares):.2f}**" + (f"; worst {max(shares):.2f}" if shares else "") + ".",
         "",
     ]
     _plot(runs, out_dir)
@@ -188,7 +195,9 @@ def _plot(runs: list[dict[str, Any]], out_dir: Path) -> None:
                 pts = [(i, b) for i, b in enumerate(r[who]["curve"], start=1) if b is not None]
                 if pts:
                     xs, ys = zip(*pts)
-                    ax.step(xs, ys, where="post", color=color, alpha=0.8, label=who if r["seed"] == 0 else None)
+                    ax.step(
+                        xs, ys, where="post", color=color, alpha=0.8, label=who if r["seed"] == 0 else None
+                    )
         ax.set_title(f"{tgt} (from {tool})")
         ax.set_xlabel("measured trials")
         ax.set_ylabel("best latency (us)")

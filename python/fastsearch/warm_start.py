@@ -36,10 +36,17 @@ from tvm_ffi import structural_hash
 
 from fastsearch import _core
 from fastsearch.cost_model import StoreFeatureModel, pool_store_features
-from fastsearch.database import RECORD_FILE, WORKLOAD_FILE, TuningDatabase, candidate_key, is_failed, mean_run_secs
+from fastsearch.database import (
+    RECORD_FILE,
+    WORKLOAD_FILE,
+    TuningDatabase,
+    candidate_key,
+    is_failed,
+    mean_run_secs,
+)
 from fastsearch.errors import DatabaseError, FastsearchError
 
-__all__ = ["WarmStart", "TaskWarmStart"]
+__all__ = ["TaskWarmStart", "WarmStart"]
 
 #: Seeds measured from each source workload at most, and share of the first batch they may take.
 SEEDS_PER_WORKLOAD = 4
@@ -161,7 +168,9 @@ class TaskWarmStart:
     are traces recorded on this very workload by a tool whose genomes are unknown.
     """
 
-    def __init__(self, warm: WarmStart, program: str, seeds: list[tuple[str, str]], same: list[Trace]) -> None:
+    def __init__(
+        self, warm: WarmStart, program: str, seeds: list[tuple[str, str]], same: list[Trace]
+    ) -> None:
         self.warm = warm
         self.program = program
         self.seeds = seeds
@@ -224,4 +233,3 @@ def _pooled(program: str, keys: Sequence[str]) -> np.ndarray:
         if r is None:
             pooled[i] = np.nan
     return pooled
-
