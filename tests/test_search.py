@@ -157,3 +157,25 @@ def test_search_state_makes_a_later_run_start_warm(tmp_path):
     assert model_json is not None and weight > 0
     rows = _core.sketch_feature_rows(third.program, 2, 64, list(saved.load_genomes().values())[:4])
     assert np.isfinite(_core.forest_predict(model_json, rows)).all()  # the booster Rust evaluates
+
+
+def test_analytical_model_waits_on_short_fma_chains_only_without_independent_work():
+    """One accumulator vector fed by a 64-long reduction leaves the FMA units waiting on latency
+    (8x slower than 8 vectors); the same vector with the reduction outside and 8 independent
+    iterations of S2 around it does not, as out-of-order execution overlaps them."""
+    from workloads import matmul
+
+    program = program_json(matmul(64))
+
+    def genome(i: list[int], j: list[int], k: list[int]) -> str:
+        rules = {"1": {"Tile": {"cache": "Global", "level": 1}}}
+        return json.dumps(
+            {"rules": rules, "tiles": {"1": [i, j, k]}, "parallel": 32, "vectorize": 64, "unroll": 0}
+        )
+
+    one_chain = genome([8, 4, 2, 1], [1, 4, 1, 16], [1, 64])
+    eight_vectors = genome([2, 4, 1, 8], [1, 4, 1, 16], [1, 64])
+    overlapped = genome([2, 4, 8, 1], [1, 4, 1, 16], [64, 1])
+    a, b, c = _core.analytical_scores(program, 2, 64, [one_chain, eight_vectors, overlapped])
+    assert b - a == pytest.approx(np.log(8), rel=0.05)
+    assert c - a == pytest.approx(np.log(8), rel=0.05)

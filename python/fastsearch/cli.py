@@ -206,7 +206,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         name=name,
         runner=runner,
         task_scheduler=args.task_scheduler,
+        warm_start=args.warm_start or None,
     )
+    if result.warm_start is not None:
+        w = result.warm_start
+        print(
+            f"warm start   {w.num_records} records of {len(w.sources)} workloads from {', '.join(args.warm_start)}"
+        )
     if not result.is_relax:
         flops = workload_flops(func)
     print(summary(name, shape, result, flops))
@@ -312,6 +318,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker: run remotely")
     p.add_argument("--rpc-key", default=None, help="device key registered with the RPC tracker")
     p.add_argument("--rpc-workers", type=int, default=None, help="remote runs at once (default: servers)")
+    p.add_argument(
+        "--warm-start",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an earlier run's database directory (fastsearch's or MetaSchedule's) to start from; repeatable",
+    )
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -48,9 +48,13 @@ from fastsearch.errors import DatabaseError, FastsearchError
 
 __all__ = ["TaskWarmStart", "WarmStart"]
 
-#: Seeds measured from each source workload at most, and share of the first batch they may take.
+#: Records of the very same workload measured again at most, and the share of the first batch
+#: that seeds may take.
 SEEDS_PER_WORKLOAD = 4
 SEED_SHARE = 0.5
+#: Ranks within a source that one unit of shape distance (mean |log2| ratio of the argument
+#: extents) is worth when ordering seeds.
+SHAPE_DISTANCE_WEIGHT = 2.0
 
 WarmStartLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -139,7 +143,7 @@ class WarmStart:
         """What the records offer one task: its seeds and a model trained on them."""
         own = int(structural_hash(tvm.IRModule({"main": func})))
         same: list[Trace] = []
-        ranked: list[list[tuple[str, str]]] = []
+        ranked: list[tuple[float, list[tuple[str, str]]]] = []
         for src in self.sources:
             if src.shash == own and not src.genomes:
                 # The same workload tuned by another tool: its best traces are candidates as they are.
@@ -149,15 +153,21 @@ class WarmStart:
             if not best:
                 continue
             moved = _core.transfer_genomes(program, [g for _, g in best])
-            ranked.append([m for m in moved if m is not None])
-        # The best of every source workload first, then the second best of each, and so on.
+            ranked.append((shape_distance(src.func, func), [m for m in moved if m is not None]))
+        # Best first, nearest shapes first: a seed's rank within its source plus the source's
+        # distance in shape, so the best of a near shape precedes the second best of a far one.
+        order = sorted(
+            (rank + SHAPE_DISTANCE_WEIGHT * dist, i, rank)
+            for i, (dist, r) in enumerate(ranked)
+            for rank in range(len(r))
+        )
         seeds: list[tuple[str, str]] = []
         seen: set[str] = set()
-        for rank in range(max((len(r) for r in ranked), default=0)):
-            for r in ranked:
-                if rank < len(r) and r[rank][0] not in seen:
-                    seen.add(r[rank][0])
-                    seeds.append(r[rank])
+        for _, i, rank in order:
+            key, genome = ranked[i][1][rank]
+            if key not in seen:
+                seen.add(key)
+                seeds.append((key, genome))
         return TaskWarmStart(self, program, seeds, same)
 
 
@@ -214,6 +224,22 @@ class TaskWarmStart:
         if (~bad).any():
             out[~bad] = self.model.predict(x[~bad])
         return out
+
+
+def shape_distance(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> float:
+    """Mean ``|log2|`` ratio of the two functions' argument extents, dimension by dimension
+    (0 for the same shapes); ``inf`` when their arguments differ in number or rank."""
+
+    def shapes(f: tvm.tirx.PrimFunc) -> list[list[int]]:
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+        return [[int(x) for x in getattr(a, "shape", [])] for a in ArgInfo.from_prim_func(f)]
+
+    sa, sb = shapes(a), shapes(b)
+    if len(sa) != len(sb) or any(len(x) != len(y) for x, y in zip(sa, sb)):
+        return math.inf
+    ratios = [abs(math.log2(max(x, 1) / max(y, 1))) for xs, ys in zip(sa, sb) for x, y in zip(xs, ys)]
+    return sum(ratios) / len(ratios) if ratios else 0.0
 
 
 def _program_or_none(func: tvm.tirx.PrimFunc) -> str | None:

@@ -22,6 +22,9 @@ const MEM_BW: f64 = 8.0;
 const MEMORY_WEIGHT: f64 = 0.1;
 /// Independent FMA chains that keep the FMA units busy: latency (4 cycles) x 2 ports.
 const FMA_CHAINS: f64 = 8.0;
+/// FMAs (with their loads) the out-of-order window holds: how far it looks ahead into the next
+/// iterations of the loop around the register tile for independent chains.
+const OOO_WINDOW_FMAS: f64 = 64.0;
 /// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
 const VECTOR_REGISTERS: f64 = 32.0;
 
@@ -205,9 +208,15 @@ pub fn estimate_block(
             e.inner_extent = inner.map_or(1.0, |l| l.extent);
             e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
             e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
-            // Each accumulator vector is a chain of dependent FMAs: fewer chains than FMA
-            // latency times issue width leaves the FMA units waiting.
-            let chains = (e.accumulators / lanes).max(1.0);
+            // Each accumulator vector is a chain of dependent FMAs, R1 long per iteration of
+            // S2. Out-of-order execution overlaps the next S2 iterations' chains (other
+            // accumulators) as far as its window reaches; fewer chains in flight than FMA
+            // latency times issue width leave the FMA units waiting.
+            let vectors = (e.accumulators / lanes).max(1.0);
+            let r1: f64 = levels[4].iter().map(|l| l.extent).product();
+            let s2: f64 = levels[3].iter().map(|l| l.extent).product();
+            let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
+            let chains = vectors * overlap;
             let latency_bound = (FMA_CHAINS / chains).max(1.0);
             e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill * latency_bound;
             let l1_bw = if e.l2_footprint <= L1_BYTES {
