@@ -12,8 +12,9 @@ wall times, fastsearch's time breakdown, MetaSchedule's profiler scopes (its Evo
 its search time), and time to parity (wall time until fastsearch's best during tuning is at least
 as fast as MetaSchedule's final best during tuning).
 
-One JSON per run goes to ``--out-dir``; runs already there are skipped, so an interrupted suite
-resumes. ``--report`` aggregates every run found into ``suite.md`` and PNG curves:
+One JSON per run goes to ``--out-dir``, and MetaSchedule's database of the run to
+``--out-dir/metaschedule/<run>/`` (for ``--reuse-metaschedule``); runs already there are
+skipped, so an interrupted suite resumes. ``--report`` aggregates every run found into ``suite.md`` and PNG curves:
 
     python benches/suite.py --workloads GMM:2 C2D:1 --seeds 0 1 2 --trials 64 --out-dir suite64
     python benches/suite.py --out-dir suite64 --report
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -120,9 +122,13 @@ def run_one(
     repeat: int,
     work: Path,
     earlier: dict[str, Any] | None = None,
+    keep: Path | None = None,
+    earlier_db: Path | None = None,
 ) -> dict[str, Any]:
     """One run; with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
-    is not tuned again: its database, curve and profile are taken from that run."""
+    is not tuned again: its curve and profile are taken from that run, and its database from
+    ``earlier_db`` (or the earlier run's work directory). MetaSchedule's database files are
+    copied to ``keep``, so that a later suite can reuse them."""
     wl = load_workload(workload)
     func = wl.func
     target = resolve_target(None)
@@ -137,7 +143,7 @@ def run_one(
     fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
 
     if earlier is not None:
-        ms_dir = Path(earlier["work_dir"]) / "metaschedule"
+        ms_dir = earlier_db if earlier_db is not None else Path(earlier["work_dir"]) / "metaschedule"
         ms_wall = earlier["metaschedule"]["wall_s"]
         profile = earlier["metaschedule"]["profile"]
         # best-so-far points redraw the same curve when no per-trial points were kept
@@ -148,6 +154,10 @@ def run_one(
     else:
         ms_dir = work / "metaschedule"
         ms_wall, profile, ms_points = _tune_metaschedule(func, target, trials, seed, ms_dir)
+    if keep is not None and not keep.exists():
+        keep.mkdir(parents=True)
+        for name in ("database_workload.json", "database_tuning_record.json"):
+            shutil.copy(ms_dir / name, keep / name)
     fs_records = _records_in_order(work / "fastsearch", func)
     ms_records = _records_in_order(ms_dir, func)
     result: dict[str, Any] = {
@@ -421,12 +431,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{wl} seed {seed}, {max(args.trials)} trials ...", file=sys.stderr, flush=True)
                 work = Path(tempfile.mkdtemp(prefix=f"suite_{wl.replace(':', '_')}_s{seed}_"))
                 earlier = None
+                earlier_db = None
                 if args.reuse_metaschedule:
                     old = Path(args.reuse_metaschedule) / path.name
                     if not old.exists():
                         parser.error(f"--reuse-metaschedule: no {old}")
                     earlier = json.loads(old.read_text())
-                res = run_one(wl, seed, sorted(args.trials), args.repeat, work, earlier)
+                    kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
+                    earlier_db = kept if kept.exists() else None
+                keep = out_dir / "metaschedule" / path.stem
+                res = run_one(wl, seed, sorted(args.trials), args.repeat, work, earlier, keep, earlier_db)
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)
                 path.write_text(json.dumps(res, indent=1))
