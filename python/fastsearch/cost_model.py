@@ -51,12 +51,16 @@ class CostModel:
         return out
 
     def fit(self, features: np.ndarray, latencies: np.ndarray) -> None:
+        self.fit_labels(features, self.labels(latencies))
+
+    def fit_labels(self, features: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Trains on relative-throughput ``labels`` (of several tasks, each labelled within
+        itself), rows weighted by ``weights``."""
         import xgboost as xgb
 
-        y = self.labels(latencies)
-        dtrain = xgb.DMatrix(np.asarray(features, dtype=np.float32), label=y)
+        dtrain = xgb.DMatrix(np.asarray(features, dtype=np.float32), label=labels, weight=weights)
         self.booster = xgb.train(self.params, dtrain, num_boost_round=self.rounds)
-        self.trained_on = len(y)
+        self.trained_on = len(labels)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """Predicted relative throughput, evaluated by fastsearch's Rust forest."""

@@ -26,8 +26,11 @@ from fastsearch.warm_start import SEED_SHARE, TaskWarmStart
 #: Records needed before the learned model is used at all, and until it takes over fully.
 MIN_RECORDS = 8
 FULL_WEIGHT_RECORDS = 64
-#: With a warm start, proposals per candidate wanted, for the warm model to choose from.
+#: With a warm start from records without genomes (MetaSchedule's), proposals per candidate
+#: wanted, for the per-store-feature model to choose from.
 WARM_POOL = 8
+#: Weight of a task's own records against a warm start's records of other shapes.
+OWN_RECORD_WEIGHT = 3.0
 
 STRATEGIES = ("evolutionary", "annealing")
 
@@ -75,11 +78,13 @@ class ModelGuidedSampler:
         return {key: float(lat) for key, lat in self.history()}
 
     def _train(self, measured: dict[str, float]) -> tuple[str | None, float, list[str]]:
-        """Retrains on the measured candidates we know the genome of; returns (model, weight, seeds)."""
+        """Retrains on the measured candidates we know the genome of (and a warm start's records
+        of other shapes); returns (model, weight, seeds)."""
         known = [(k, lat) for k, lat in measured.items() if k in self.genomes]
         known.sort(key=lambda kv: kv[1])
         seeds = [self.genomes[k] for k, lat in known if np.isfinite(lat)]
-        if len(known) < MIN_RECORDS or not seeds:
+        warm = self.warm.sketch_training(self.cores, self.vector_bytes) if self.warm is not None else None
+        if warm is None and (len(known) < MIN_RECORDS or not seeds):
             if self.saved_model is not None:  # a model saved by an earlier run starts us warm
                 model_json, trained_on = self.saved_model
                 return model_json, min(1.0, trained_on / FULL_WEIGHT_RECORDS), seeds
@@ -88,12 +93,22 @@ class ModelGuidedSampler:
         rows = _core.sketch_feature_rows(
             self.program, self.cores, self.vector_bytes, [self.genomes[k] for k, _ in known]
         )
-        self.model.fit(rows, np.array([lat for _, lat in known]))
+        labels = CostModel.labels(np.array([lat for _, lat in known]))
+        weights = np.ones(len(known))
+        if warm is not None:
+            # Records of other shapes train alongside the task's own, which weigh more.
+            warm_rows, warm_labels = warm
+            rows = (
+                np.concatenate([warm_rows, np.asarray(rows).reshape(len(known), -1)]) if known else warm_rows
+            )
+            labels = np.concatenate([warm_labels, labels])
+            weights = np.concatenate([np.ones(len(warm_labels)), np.full(len(known), OWN_RECORD_WEIGHT)])
+        self.model.fit_labels(rows, labels, weights)
         self.timing["model"] += time.perf_counter() - t0
-        weight = min(1.0, len(known) / FULL_WEIGHT_RECORDS)
+        weight = min(1.0, len(labels) / FULL_WEIGHT_RECORDS)
         model_json = self.model.to_json()
         if self.state is not None:
-            self.state.save_model(model_json, len(known))
+            self.state.save_model(model_json, len(labels))
         return model_json, weight, seeds
 
     def __call__(
@@ -112,8 +127,10 @@ class ModelGuidedSampler:
             seeds = seeds + [g for _, g in pending]  # refitted seeds join the population
             if self.rounds == 0:
                 first = self._warm_seeds(pending, n)
-            valid = sum(1 for lat in measured.values() if np.isfinite(lat))
-            warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
+            if self.warm.sketch_training(self.cores, self.vector_bytes) is None:
+                # No genomes to train the search's own model on: the per-store model re-ranks.
+                valid = sum(1 for lat in measured.values() if np.isfinite(lat))
+                warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
         self.rounds += 1
         want = n - len(first)
         pool = want * WARM_POOL if warm_weight > 0 else want

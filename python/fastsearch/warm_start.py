@@ -35,7 +35,7 @@ from tvm.s_tir import Trace
 from tvm_ffi import structural_hash
 
 from fastsearch import _core
-from fastsearch.cost_model import StoreFeatureModel, pool_store_features
+from fastsearch.cost_model import CostModel, StoreFeatureModel, pool_store_features
 from fastsearch.database import (
     RECORD_FILE,
     WORKLOAD_FILE,
@@ -51,7 +51,7 @@ __all__ = ["TaskWarmStart", "WarmStart"]
 #: Records of the very same workload measured again at most, and the share of the first batch
 #: that seeds may take.
 SEEDS_PER_WORKLOAD = 4
-SEED_SHARE = 0.5
+SEED_SHARE = 0.25
 #: Ranks within a source that one unit of shape distance (mean |log2| ratio of the argument
 #: extents) is worth when ordering seeds.
 SHAPE_DISTANCE_WEIGHT = 2.0
@@ -188,6 +188,25 @@ class TaskWarmStart:
         self.model = StoreFeatureModel()
         self._features: dict[str, np.ndarray] = {}  # pooled features of this task's candidates
         self._trained_on = -1
+        self._sketch: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
+
+    def sketch_training(self, cores: int, vector_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(sketch feature rows, relative-throughput labels) of the source records whose genome
+        is known, each row computed on its own workload's program; None without any."""
+        key = (cores, vector_bytes)
+        if key not in self._sketch:
+            rows, labels = [], []
+            for src in self.warm.sources:
+                known = [(k, s) for k, s in src.records if k in src.genomes]
+                if src.program is None or not known or not any(math.isfinite(s) for _, s in known):
+                    continue
+                x = _core.sketch_feature_rows(
+                    src.program, cores, vector_bytes, [src.genomes[k] for k, _ in known]
+                )
+                rows.append(np.asarray(x).reshape(len(known), -1))
+                labels.append(CostModel.labels(np.array([s for _, s in known])))
+            self._sketch[key] = (np.concatenate(rows), np.concatenate(labels)) if rows else None
+        return self._sketch[key]
 
     def features(self, keys: Sequence[str]) -> np.ndarray:
         """Pooled per-store features of this task's candidates (NaN rows where they fail)."""

@@ -206,3 +206,36 @@ fn xgboost_model_json_never_panics() {
         }
     });
 }
+
+#[test]
+fn genome_transfer_never_panics() {
+    use fastsearch_core::model::analytical::estimate_cycles;
+    use fastsearch_core::sketch::{emit, mutate, sample_genomes, transfer, CpuTarget, SketchSpace};
+    use std::collections::HashSet;
+
+    // Genomes of one program (as a warm start reads them from a genomes file), mutated, then
+    // refitted onto each program; whatever comes through must emit, mutate and score.
+    let programs: Vec<Program> = ["gmm_512.json", "cbr_small.json", "sfm_small.json"]
+        .iter()
+        .map(|f| Program::from_json(&fixture(f)).unwrap())
+        .collect();
+    let target = CpuTarget::new(2).with_vector_bytes(64);
+    let spaces: Vec<SketchSpace> = programs.iter().map(SketchSpace::new).collect();
+    let seeds: Vec<Value> = programs
+        .iter()
+        .flat_map(|p| sample_genomes(p, &target, 4, 7, &HashSet::new()))
+        .map(|(_, g)| serde_json::to_value(g).unwrap())
+        .collect();
+    fuzz(5, &seeds, inputs_per_entry_point(), |text, which| {
+        let Ok(genome) = serde_json::from_str(text) else {
+            return;
+        };
+        for (program, space) in programs.iter().zip(&spaces) {
+            if let Some(moved) = transfer(program, space, &genome) {
+                let _ = emit(program, space, &moved);
+                let _ = estimate_cycles(program, space, &moved, &target);
+                let _ = mutate(&moved, &target, &mut Rng::derive(which as u64, 0));
+            }
+        }
+    });
+}

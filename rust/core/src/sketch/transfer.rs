@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{emit, Genome, Rule, SketchSpace, WriteCache, MAX_INNERMOST_FACTOR};
+use super::{emit, Genome, Rule, SketchSpace, WriteCache, MAX_INNERMOST_FACTOR, UNROLL_CANDIDATES};
 use crate::program::{IterKind, Program};
 use crate::schedule::{trace, State, Trace};
 
@@ -66,21 +66,31 @@ fn divisors(n: i64) -> Vec<i64> {
 pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Option<Genome> {
     let n_blocks = program.blocks.len();
     let known = |b: usize| space.infos.iter().any(|i| i.block == b);
+    if genome.unroll >= UNROLL_CANDIDATES.len() || genome.parallel < 1 || genome.vectorize < 1 {
+        return None;
+    }
     for (&block, rule) in &genome.rules {
         if !known(block) || (space.inlined.contains(&block) != (*rule == Rule::Inline)) {
             return None;
         }
-        match rule {
-            Rule::ComputeAt { host, depth }
-                if !known(*host) || *depth > space.info(*host).loop_extents.len() =>
-            {
-                return None
+        let info = space.info(block);
+        let fits = match rule {
+            Rule::ComputeAt { host, depth } => {
+                known(*host) && *depth < space.info(*host).loop_extents.len()
             }
-            Rule::Tile {
-                cache: WriteCache::FusedConsumer(c),
-                ..
-            } if !known(*c) => return None,
-            _ => {}
+            Rule::Tile { cache, level } => {
+                info.simple_loops
+                    && *level <= 1
+                    && match cache {
+                        WriteCache::FusedConsumer(c) => known(*c),
+                        _ => true,
+                    }
+            }
+            Rule::RFactor { .. } => info.simple_loops && space.rfactor_applies(program, info),
+            Rule::Inline | Rule::Root => true,
+        };
+        if !fits {
+            return None;
         }
     }
     if space.inlined.iter().any(|b| !genome.rules.contains_key(b)) {
