@@ -29,8 +29,10 @@ FULL_WEIGHT_RECORDS = 64
 #: With a warm start from records without genomes (MetaSchedule's), proposals per candidate
 #: wanted, for the per-store-feature model to choose from.
 WARM_POOL = 8
-#: Weight of a task's own records against a warm start's records of other shapes.
+#: Weight of a task's own records against a warm start's records of other shapes, and the
+#: say of a model trained on the latter before the task has records of its own.
 OWN_RECORD_WEIGHT = 3.0
+WARM_MODEL_WEIGHT = 0.5
 
 STRATEGIES = ("evolutionary", "annealing")
 
@@ -95,17 +97,22 @@ class ModelGuidedSampler:
         )
         labels = CostModel.labels(np.array([lat for _, lat in known]))
         weights = np.ones(len(known))
+        weight = min(1.0, len(labels) / FULL_WEIGHT_RECORDS)
         if warm is not None:
-            # Records of other shapes train alongside the task's own, which weigh more.
-            warm_rows, warm_labels = warm
-            rows = (
-                np.concatenate([warm_rows, np.asarray(rows).reshape(len(known), -1)]) if known else warm_rows
-            )
+            # Records of other shapes train alongside the task's own, which weigh more; the
+            # analytical estimate keeps half the say until the task has records of its own.
+            warm_rows, warm_labels, warm_weights = warm
+            if known:
+                rows = np.concatenate([warm_rows, np.asarray(rows).reshape(len(known), -1)])
+            else:
+                rows = warm_rows
             labels = np.concatenate([warm_labels, labels])
-            weights = np.concatenate([np.ones(len(warm_labels)), np.full(len(known), OWN_RECORD_WEIGHT)])
+            weights = np.concatenate([warm_weights, np.full(len(known), OWN_RECORD_WEIGHT)])
+            weight = WARM_MODEL_WEIGHT + (1.0 - WARM_MODEL_WEIGHT) * min(
+                1.0, len(known) / FULL_WEIGHT_RECORDS
+            )
         self.model.fit_labels(rows, labels, weights)
         self.timing["model"] += time.perf_counter() - t0
-        weight = min(1.0, len(labels) / FULL_WEIGHT_RECORDS)
         model_json = self.model.to_json()
         if self.state is not None:
             self.state.save_model(model_json, len(labels))

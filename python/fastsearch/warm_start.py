@@ -55,6 +55,8 @@ SEED_SHARE = 0.25
 #: Ranks within a source that one unit of shape distance (mean |log2| ratio of the argument
 #: extents) is worth when ordering seeds.
 SHAPE_DISTANCE_WEIGHT = 2.0
+#: How fast a source's records lose weight in the search's model with its shape distance.
+SOURCE_DISTANCE_DECAY = 2.0
 
 WarmStartLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -168,7 +170,7 @@ class WarmStart:
             if key not in seen:
                 seen.add(key)
                 seeds.append((key, genome))
-        return TaskWarmStart(self, program, seeds, same)
+        return TaskWarmStart(self, func, program, seeds, same)
 
 
 class TaskWarmStart:
@@ -179,9 +181,15 @@ class TaskWarmStart:
     """
 
     def __init__(
-        self, warm: WarmStart, program: str, seeds: list[tuple[str, str]], same: list[Trace]
+        self,
+        warm: WarmStart,
+        func: tvm.tirx.PrimFunc,
+        program: str,
+        seeds: list[tuple[str, str]],
+        same: list[Trace],
     ) -> None:
         self.warm = warm
+        self.func = func
         self.program = program
         self.seeds = seeds
         self.same_workload = same
@@ -190,12 +198,16 @@ class TaskWarmStart:
         self._trained_on = -1
         self._sketch: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
 
-    def sketch_training(self, cores: int, vector_bytes: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(sketch feature rows, relative-throughput labels) of the source records whose genome
-        is known, each row computed on its own workload's program; None without any."""
+    def sketch_training(
+        self, cores: int, vector_bytes: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(sketch feature rows, relative-throughput labels, row weights) of the source records
+        whose genome is known, each row computed on its own workload's program; a source weighs
+        ``exp(-SOURCE_DISTANCE_DECAY * shape distance)``, so near shapes dominate. None without
+        any such record."""
         key = (cores, vector_bytes)
         if key not in self._sketch:
-            rows, labels = [], []
+            rows, labels, weights = [], [], []
             for src in self.warm.sources:
                 known = [(k, s) for k, s in src.records if k in src.genomes]
                 if src.program is None or not known or not any(math.isfinite(s) for _, s in known):
@@ -205,7 +217,11 @@ class TaskWarmStart:
                 )
                 rows.append(np.asarray(x).reshape(len(known), -1))
                 labels.append(CostModel.labels(np.array([s for _, s in known])))
-            self._sketch[key] = (np.concatenate(rows), np.concatenate(labels)) if rows else None
+                decay = math.exp(-SOURCE_DISTANCE_DECAY * min(shape_distance(src.func, self.func), 50.0))
+                weights.append(np.full(len(known), decay))
+            self._sketch[key] = (
+                (np.concatenate(rows), np.concatenate(labels), np.concatenate(weights)) if rows else None
+            )
         return self._sketch[key]
 
     def features(self, keys: Sequence[str]) -> np.ndarray:
