@@ -130,8 +130,11 @@ class ModelGuidedSampler:
         first: list[Candidate | tvm.s_tir.Trace] = []
         warm_weight = 0.0
         if self.warm is not None:
+            # Refitted seeds are measured in the first batch, and join the population only
+            # through their measurements: a refit can be far from what it was on its own shape
+            # (C2D 7x7x512's best is 1.7x slower refitted to 14x14x256), and hundreds of
+            # unmeasured ones would crowd the population with one structure.
             pending = [(k, g) for k, g in self.warm.seeds if k not in known]
-            seeds = seeds + [g for _, g in pending]  # refitted seeds join the population
             if self.rounds == 0:
                 first = self._warm_seeds(pending, n)
             if self.warm.sketch_training(self.cores, self.vector_bytes) is None:

@@ -15,8 +15,8 @@ uses its records in two ways:
   genomes are kept next to its database) are refitted to the new shape
   (``fastsearch._core.transfer_genomes``: same structure and annotations, tile factors moved to
   the nearest that divide the new extents) and measured first, the best of each source shape in
-  turn; they also seed the evolutionary population. Records of the very same workload, from
-  either tuner, are measured again as they are.
+  turn; once measured, the good ones seed the evolutionary population. Records of the very
+  same workload, from either tuner, are measured again as they are.
 """
 
 from __future__ import annotations
