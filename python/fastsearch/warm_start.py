@@ -2,15 +2,18 @@
 
 ``fastsearch.tune(..., warm_start=DIR)`` reads the MetaSchedule JSONDatabase in ``DIR`` (one
 written by fastsearch or by MetaSchedule's ``tune_tir``/``tune_relax``; several may be given) and
-uses its records in two ways:
+uses its records in these ways:
 
-* **Cost model.** Every record of every workload the program model can import trains an XGBoost
-  model on pooled per-store features (:class:`fastsearch.cost_model.StoreFeatureModel`; labels
-  are relative throughput within each workload, so operators and shapes of any cost share one
-  scale). Per-store features describe loops, accesses and buffers rather than one sketch's
-  decisions, so they carry over to shapes and operators the records never saw. The new task's
-  own records join the training set batch by batch; the model re-ranks the search's proposals
-  until the task has enough records of its own for its sketch model to take over.
+* **The search's model.** Records whose genome fastsearch kept (next to its database) train
+  the sketch-feature XGBoost model that guides the Rust search from the first batch on, each
+  row computed on its own workload's program and weighted ``exp(-2 x shape distance)``; the
+  task's own records join them, weighing more, and the model's say against the analytical
+  estimate grows from a half to all as they accumulate (:mod:`fastsearch.search`).
+* **Records without genomes** (MetaSchedule's), when no record has one, train an XGBoost model
+  on pooled per-store features (:class:`fastsearch.cost_model.StoreFeatureModel`; labels are
+  relative throughput within each workload), which describe loops, accesses and buffers rather
+  than one sketch's decisions; it re-ranks the search's proposals until the task has records
+  of its own.
 * **Seeds.** Candidates that fastsearch found on other shapes of the same operator (their
   genomes are kept next to its database) are refitted to the new shape
   (``fastsearch._core.transfer_genomes``: same structure and annotations, tile factors moved to
