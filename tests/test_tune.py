@@ -10,6 +10,7 @@ import pytest
 import tvm
 from fastsearch import InvalidTarget, MeasurementError, UnsupportedWorkload
 from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE, TuningDatabase, candidate_key
+from fastsearch.measure import MeasureConfig
 from fastsearch.sample import sample_candidates
 from fastsearch.target import resolve_target
 from fastsearch.tune import TuneResult, tune
@@ -60,6 +61,10 @@ def test_tune_finds_a_correct_kernel(first_run):
     assert result.work_dir == work and result.database.path == work
     assert {"search", "build", "run", "model", "total"} <= set(result.timing)
     assert result.timing["build"] > 0 and result.timing["run"] > 0
+    # The best was confirmed by more runs, each on fresh arguments: its timing pools them all.
+    config = MeasureConfig()
+    best = result.database.best(result.database.commit_workload(_normalize_mod(gmm())))
+    assert len(best.run_secs) == config.repeat * (1 + config.confirm_runs)
     _check_gmm(result)
 
 

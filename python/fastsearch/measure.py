@@ -100,7 +100,11 @@ class MeasureConfig:
     for cold-cache timings). ``build_workers=None`` uses one build process per physical core.
     ``build_func`` replaces the builder's build function (MetaSchedule's ``default_build``
     signature ``(mod, target, params) -> runtime.Module``, run in the build worker processes;
-    default :func:`build_module`).
+    default :func:`build_module`). ``confirm_runs``: a candidate that would become its task's
+    best is run that many more times, each on freshly allocated arguments, and timed by the mean
+    over all runs. A kernel's time here moves by up to 50% from one run to the next with where
+    its arguments land in memory (a 5-run C1D kernel: 331, 371, 389, 523, 478 us), so one lucky
+    run would otherwise make a best that is not.
     """
 
     number: int = 1
@@ -112,6 +116,7 @@ class MeasureConfig:
     run_timeout_s: float = 30.0
     cooldown_s: float = 0.0
     build_func: Callable | None = None
+    confirm_runs: int = 2
 
     def evaluator_config(self) -> EvaluatorConfig:
         """The MetaSchedule :class:`EvaluatorConfig` of this configuration."""
@@ -389,6 +394,25 @@ class Measurer:
                 self._collect(results[i], future)
         self.run_seconds += time.perf_counter() - t0
         return results
+
+    def confirm(self, result: MeasureResult, args_info: Sequence[ms.arg_info.ArgInfo]) -> None:
+        """Runs a built candidate ``confirm_runs`` more times and adds their timings to
+        ``result.run_secs`` (a failing run marks it failed, as the first would have)."""
+        info = list(args_info)
+        for _ in range(self.config.confirm_runs):
+            if not result.ok or result.artifact_path is None:
+                return
+            first = list(result.run_secs or [])
+            t0 = time.perf_counter()
+            try:
+                (future,) = self.runner.run([RunnerInput(result.artifact_path, self.device_type, info)])
+            except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
+                result.fail("run error", f"{type(self.runner).__name__} failed: {exc}")
+                return
+            self._collect(result, future)
+            self.run_seconds += time.perf_counter() - t0
+            if result.ok:
+                result.run_secs = first + list(result.run_secs or [])
 
     def _collect(self, result: MeasureResult, future: Any) -> None:
         try:
