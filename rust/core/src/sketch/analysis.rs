@@ -129,13 +129,17 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     .map(|v| v.extent)
                     .product()
             };
-            // As MetaSchedule's CPU AutoInline: inlining `exp` would recompute it in every consumer.
+            // As MetaSchedule's CPU AutoInline: inlining `exp` would recompute it in every
+            // consumer, and inlining a conditional (padding's if_then_else) puts a branch in
+            // the consumer's innermost loop, which then does not vectorize.
             let mut expensive = false;
             for store in &block.body {
-                store.value.visit(&mut |e| {
-                    if let Expr::Call { name, .. } = e {
-                        expensive |= EXPENSIVE_CALLS.contains(&name.as_str());
+                store.value.visit(&mut |e| match e {
+                    Expr::Call { name, .. } => {
+                        expensive |= EXPENSIVE_CALLS.contains(&name.as_str())
                     }
+                    Expr::Select(..) => expensive = true,
+                    _ => {}
                 });
             }
             BlockInfo {
