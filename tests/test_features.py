@@ -154,22 +154,7 @@ def test_matches_per_store_feature_on_design_spaces(family: str) -> None:
     assert not failures, "\n".join(failures)
 
 
-# Transposed convolution on fastsearch's sketches, since the padding stays a stage of its own:
-# one store's int_div_mod count is 17.17 here against TVM's 16.75 (log2 scale); every other
-# feature, and the same workload on TVM's design spaces, agree. Not found yet.
-SKETCH_GAPS = {"T2D"}
-
-
-def sketch_param(family: str):
-    if family in SKETCH_GAPS:
-        return pytest.param(
-            family,
-            marks=pytest.mark.xfail(reason="T2D int_div_mod of a root padding stage differs", strict=False),
-        )
-    return family_param(family)
-
-
-@pytest.mark.parametrize("family", [sketch_param(f) for f in FAMILIES])
+@pytest.mark.parametrize("family", [family_param(f) for f in FAMILIES])
 def test_matches_per_store_feature_on_sketches(family: str) -> None:
     func = te_workload.create_te_workload(family, 0)
     cands = sample_candidates(func, target(), SKETCH_CANDIDATES, seed=7)

@@ -122,7 +122,6 @@ def test_sketch_rules_cover_the_families():
     gmm = kinds(small("GMM"))
     assert {"SamplePerfectTile", "Split", "Reorder", "CacheWrite", "ReverseComputeAt"} <= gmm
     assert "RFactor" in kinds(small("NRM"))
-    # Padding (an if_then_else) is not inlined, as MetaSchedule's CPU AutoInline: it stays a stage.
-    assert "ComputeInline" not in kinds(small("C2D"))
+    assert "ComputeInline" in kinds(small("C2D"))
     assert {"ComputeInline", "ReverseComputeAt"} <= kinds(small("CBR"))
     assert "ComputeAt" in kinds(small("SFM"))
