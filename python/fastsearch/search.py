@@ -164,7 +164,8 @@ class ModelGuidedSampler:
             t0 = time.perf_counter()
             proposals = self._rerank(proposals, measured, warm_weight)
             self.timing["model"] += time.perf_counter() - t0
-        proposals = [p for p in proposals if p[0] not in {c.key for c in first if isinstance(c, Candidate)}]
+        seeded = {c.key for c in first if isinstance(c, Candidate)}
+        proposals = [p for p in proposals if p[0] not in seeded]
         proposals = proposals[:want]
         if self.state is not None:
             self.state.add_genomes([(key, genome) for key, genome, _ in proposals])

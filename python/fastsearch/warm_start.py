@@ -122,8 +122,6 @@ class WarmStart:
         for src in self.sources:
             src.records.sort(key=lambda kv: kv[1])
             src.genomes = {k: genomes[k] for k, _ in src.records if k in genomes}
-            if src.program is not None:
-                src.pooled = _pooled(src.program, [k for k, _ in src.records])
         self.num_records = sum(len(s.records) for s in self.sources)
 
     def __repr__(self) -> str:
@@ -133,11 +131,14 @@ class WarmStart:
         )
 
     def training_set(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(pooled features, latencies) of each source workload with a valid record."""
+        """(pooled features, latencies) of each source workload with a valid record. Features
+        are extracted on first use: only a warm start without genomes trains on them."""
         out = []
         for src in self.sources:
-            if src.pooled is None:
+            if src.program is None:
                 continue
+            if src.pooled is None:
+                src.pooled = _pooled(src.program, [k for k, _ in src.records])
             lat = np.array([s for _, s in src.records])
             keep = ~np.isnan(src.pooled[:, 0])
             if np.isfinite(lat[keep]).any():
