@@ -27,6 +27,9 @@ const FMA_CHAINS: f64 = 8.0;
 const OOO_WINDOW_FMAS: f64 = 64.0;
 /// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
 const VECTOR_REGISTERS: f64 = 32.0;
+/// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
+/// into it: every load of that input becomes a compare and a select.
+const INLINED_SELECT_COST: f64 = 1.2;
 
 /// One loop of a modelled nest: the iteration variable it walks and its extent.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +86,90 @@ fn traffic(reads: &[(BTreeSet<usize>, f64)], outer: &[LoopDim], inner: &[LoopDim
         moved += fp * trips;
     }
     (footprint, moved)
+}
+
+/// The loops of a block tiled "SSRSRS" with `tiles`, per level in loop order S0 S1 R0 S2 R1 S3.
+fn tile_levels(program: &Program, block: usize, tiles: &[Vec<i64>]) -> Vec<Vec<LoopDim>> {
+    let mut levels: Vec<Vec<LoopDim>> = vec![Vec::new(); 6];
+    for (var, (iv, factors)) in program.blocks[block]
+        .iter_vars
+        .iter()
+        .zip(tiles)
+        .enumerate()
+    {
+        let spatial = iv.kind == IterKind::Spatial;
+        let slots: &[usize] = if spatial { &[0, 1, 3, 5] } else { &[2, 4] };
+        for (slot, f) in slots.iter().zip(factors) {
+            levels[*slot].push(LoopDim {
+                var,
+                extent: *f as f64,
+                spatial,
+            });
+        }
+    }
+    levels
+}
+
+/// Whether a block stores a conditional (padding's `if_then_else`).
+fn has_select(program: &Program, block: usize) -> bool {
+    let mut found = false;
+    for store in &program.blocks[block].body {
+        store
+            .value
+            .visit(&mut |e| found |= matches!(e, Expr::Select(..)));
+    }
+    found
+}
+
+/// The outermost loop of `block` (tiled) that some block is computed under: the postprocessor
+/// parallelizes only the loops above and at it.
+fn shallowest_guest(genome: &Genome, block: usize) -> Option<usize> {
+    genome
+        .rules
+        .values()
+        .filter_map(|r| match r {
+            Rule::ComputeAt { host, depth } if *host == block => Some(*depth),
+            _ => None,
+        })
+        .min()
+}
+
+/// Elements of `producer`'s output computed when it runs under loop `depth` of its tiled
+/// consumer `host`: per iteration of the loops down to `depth`, the region the loops inside
+/// read (overlapping halos are computed again).
+fn elements_under_tiles(
+    program: &Program,
+    producer: usize,
+    host: usize,
+    nest: &[LoopDim],
+    depth: usize,
+) -> Option<f64> {
+    let hb = &program.blocks[host];
+    let written = &program.blocks[producer].writes.first()?.buffer;
+    let read = hb.reads.iter().find(|r| r.buffer == *written)?;
+    if nest.is_empty() {
+        return None;
+    }
+    let depth = depth.min(nest.len() - 1);
+    let trips: f64 = nest[..=depth].iter().map(|l| l.extent).product();
+    let mut inner = vec![1.0; hb.iter_vars.len()];
+    for l in &nest[depth + 1..] {
+        inner[l.var] *= l.extent;
+    }
+    let shape = &program.buffers[*written].shape;
+    let mut region = 1.0;
+    for (dim, (min, ext)) in read.region.iter().enumerate() {
+        let affine = min.affine()?;
+        let span: f64 = hb
+            .iter_vars
+            .iter()
+            .zip(&inner)
+            .map(|(v, e)| affine.coef(&v.name).abs() as f64 * (e - 1.0))
+            .sum();
+        let full = shape.get(dim).copied().unwrap_or(1) as f64;
+        region *= (span + ext.as_int().unwrap_or(1) as f64).min(full);
+    }
+    Some(trips * region)
 }
 
 /// Parallel efficiency of fusing the leading spatial loops up to `limit` jobs on `cores`.
@@ -177,19 +264,8 @@ pub fn estimate_block(
     };
     match (genome.rules.get(&block), genome.tiles.get(&block)) {
         (Some(Rule::Tile { cache, .. }), Some(tiles)) => {
-            let mut levels: Vec<Vec<LoopDim>> = vec![Vec::new(); 6];
             // SSRSRS: S0 S1 R0 S2 R1 S3, each level holding one loop per axis of its kind.
-            for (var, (iv, factors)) in b.iter_vars.iter().zip(tiles).enumerate() {
-                let spatial = iv.kind == IterKind::Spatial;
-                let slots: &[usize] = if spatial { &[0, 1, 3, 5] } else { &[2, 4] };
-                for (slot, f) in slots.iter().zip(factors) {
-                    levels[*slot].push(LoopDim {
-                        var,
-                        extent: *f as f64,
-                        spatial,
-                    });
-                }
-            }
+            let levels = tile_levels(program, block, tiles);
             // Report levels as S0 S1 S2 S3 R0 R1.
             for (i, slot) in [0, 1, 3, 5, 2, 4].iter().enumerate() {
                 e.level_extents[i] = levels[*slot].iter().map(|l| l.extent).product();
@@ -203,11 +279,27 @@ pub fn estimate_block(
             // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
             e.accumulators = levels[5].iter().map(|l| l.extent).product();
             let spill = (e.accumulators / lanes / VECTOR_REGISTERS).max(1.0);
-            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
+            let parallel_prefix = shallowest_guest(genome, block).map_or(nest.len(), |d| d + 1);
+            e.parallel_efficiency = parallel_efficiency(
+                &nest[..parallel_prefix.min(nest.len())],
+                genome.parallel,
+                target.num_cores,
+            );
             let inner = nest.last();
             e.inner_extent = inner.map_or(1.0, |l| l.extent);
             e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
             e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            let inlined_selects = b
+                .reads
+                .iter()
+                .filter(|r| {
+                    program.blocks.iter().enumerate().any(|(p, pb)| {
+                        genome.rules.get(&p) == Some(&Rule::Inline)
+                            && pb.writes.iter().any(|w| w.buffer == r.buffer)
+                            && has_select(program, p)
+                    })
+                })
+                .count();
             // Each accumulator vector is a chain of dependent FMAs, R1 long per iteration of
             // S2. Out-of-order execution overlaps the next S2 iterations' chains (other
             // accumulators) as far as its window reaches; fewer chains in flight than FMA
@@ -218,7 +310,10 @@ pub fn estimate_block(
             let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
             let chains = vectors * overlap;
             let latency_bound = (FMA_CHAINS / chains).max(1.0);
-            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency) * spill * latency_bound;
+            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency)
+                * spill
+                * latency_bound
+                * INLINED_SELECT_COST.powi(inlined_selects as i32);
             let l1_bw = if e.l2_footprint <= L1_BYTES {
                 L1_BW
             } else {
@@ -243,6 +338,29 @@ pub fn estimate_block(
             };
         }
         (Some(Rule::Inline), _) => return e,
+        (Some(Rule::ComputeAt { host, depth }), _)
+            if matches!(genome.rules.get(host), Some(Rule::Tile { .. })) =>
+        {
+            // Computed under a tiled consumer: once per iteration of the loops above it, for
+            // the region the loops inside read, while that region is in cache.
+            let host_tiles = genome.tiles.get(host).map(Vec::as_slice).unwrap_or(&[]);
+            let levels = tile_levels(program, *host, host_tiles);
+            let nest: Vec<LoopDim> = levels.concat();
+            let elements = elements_under_tiles(program, block, *host, &nest, *depth)
+                .unwrap_or(iterations)
+                .max(iterations);
+            let ops = ops.float_ops().max(1) as f64;
+            e.flops = elements * ops;
+            let above = (*depth + 1).min(nest.len());
+            e.parallel_efficiency =
+                parallel_efficiency(&nest[..above], genome.parallel, target.num_cores);
+            e.vector_efficiency = 1.0;
+            e.inner_extent = nest.last().map_or(1.0, |l| l.extent);
+            e.compute_cycles = elements * ops / lanes;
+            e.memory_cycles = reads.iter().map(|(_, by)| elements * by).sum::<f64>() / L1_BW
+                + elements * 4.0 / L1_BW;
+            e.level_extents = [elements, 1.0, 1.0, 1.0, 1.0, 1.0];
+        }
         (rule, _) => {
             let nest: Vec<LoopDim> = b
                 .iter_vars

@@ -68,7 +68,15 @@ pub fn anneal(
         let proposals: Vec<Genome> = states
             .par_iter()
             .enumerate()
-            .map(|(i, g)| mutate(g, ctx.target, &mut Rng::derive(step_seed, i as u64)))
+            .map(|(i, g)| {
+                mutate(
+                    g,
+                    ctx.program,
+                    ctx.space,
+                    ctx.target,
+                    &mut Rng::derive(step_seed, i as u64),
+                )
+            })
             .collect();
         let new_scores = scorer.score(ctx.program, ctx.space, &proposals);
         record(&proposals, &new_scores, &mut visited);

@@ -16,6 +16,10 @@ pub struct BlockInfo {
     pub spatial: bool,
     /// Spatial, one store, identity write indices, not a function output: ComputeInline applies.
     pub inlinable: bool,
+    /// The stored value holds a conditional (padding's `if_then_else`): inlining it puts a
+    /// select into the consumer's inner loops, so sketches may also compute it under the
+    /// consumer's tiles, as MetaSchedule's CPU AutoInline leaves it to RandomComputeLocation.
+    pub conditional: bool,
     pub output: bool,
     /// A reduction with data reuse: some read ignores some spatial iteration variable.
     pub reuse: bool,
@@ -130,16 +134,15 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     .product()
             };
             // As MetaSchedule's CPU AutoInline: inlining `exp` would recompute it in every consumer.
-            // Padding (a conditional) is still inlined: kept as a stage of its own at the root,
-            // the only place sketches can put it today, it costs small and depthwise convolutions
-            // a whole extra pass (DEP:1 2.2x, CBR:1 1.2x MetaSchedule's latency), more than
-            // C1D:2 gains (1.39x -> 1.16x).
             let mut expensive = false;
+            let mut conditional = false;
             for store in &block.body {
-                store.value.visit(&mut |e| {
-                    if let Expr::Call { name, .. } = e {
-                        expensive |= EXPENSIVE_CALLS.contains(&name.as_str());
+                store.value.visit(&mut |e| match e {
+                    Expr::Call { name, .. } => {
+                        expensive |= EXPENSIVE_CALLS.contains(&name.as_str())
                     }
+                    Expr::Select(..) => conditional = true,
+                    _ => {}
                 });
             }
             BlockInfo {
@@ -151,6 +154,7 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     && !output
                     && block.body.len() == 1
                     && !expensive,
+                conditional,
                 output,
                 reuse,
                 spatial_extent: extent_of(IterKind::Spatial),

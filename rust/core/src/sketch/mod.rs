@@ -106,7 +106,10 @@ pub struct Genome {
 #[derive(Clone, Debug)]
 pub struct SketchSpace {
     pub infos: Vec<BlockInfo>,
+    /// Blocks every candidate inlines.
     pub inlined: HashSet<usize>,
+    /// Conditional blocks (padding) a candidate either inlines or computes under its consumer.
+    pub optional_inline: HashSet<usize>,
 }
 
 impl SketchSpace {
@@ -114,16 +117,25 @@ impl SketchSpace {
         let infos = analyze(program);
         // Inline first, consumers before producers, as long as someone still reads the result.
         let mut inlined = HashSet::new();
+        let mut optional_inline = HashSet::new();
         for info in infos.iter().rev() {
             if info.inlinable
                 && infos.iter().any(|c| {
                     c.block != info.block && c.reads.iter().any(|r| info.writes.contains(r))
                 })
             {
-                inlined.insert(info.block);
+                if info.conditional {
+                    optional_inline.insert(info.block);
+                } else {
+                    inlined.insert(info.block);
+                }
             }
         }
-        SketchSpace { infos, inlined }
+        SketchSpace {
+            infos,
+            inlined,
+            optional_inline,
+        }
     }
 
     pub fn info(&self, block: usize) -> &BlockInfo {
@@ -175,6 +187,18 @@ impl SketchSpace {
                 continue;
             }
             let consumers = self.consumers(info.block);
+            if self.optional_inline.contains(&info.block) {
+                // Inlined or computed under its consumer, even odds; never a pass of its own at
+                // the root, which costs small and depthwise convolutions more than the select.
+                let locations = self.locations(program, info, &consumers, &rules);
+                let rule = if locations.is_empty() || rng.chance(0.5) {
+                    Rule::Inline
+                } else {
+                    rng.choose(&locations).clone()
+                };
+                rules.insert(info.block, rule);
+                continue;
+            }
             let mut options: Vec<Rule> = Vec::new();
             if info.simple_loops && info.reuse {
                 for level in 0..2 {
@@ -333,6 +357,64 @@ impl SketchSpace {
             && program.blocks[info.block].writes.len() == 1
     }
 
+    /// The compute locations of an optional-inline block under its consumers, given their
+    /// rules: any loop of a single tiled consumer down to its S2 level, or the loops of an
+    /// untiled host its result depends on.
+    pub fn locations(
+        &self,
+        program: &Program,
+        info: &BlockInfo,
+        consumers: &[usize],
+        rules: &BTreeMap<usize, Rule>,
+    ) -> Vec<Rule> {
+        if let [c] = consumers {
+            if let Some(Rule::Tile { .. }) = rules.get(c) {
+                // Under tiles, a region indexed through a division (transposed and grouped
+                // convolutions) has a loop-dependent extent, which TVM's postprocessor refuses.
+                let affine = program.blocks[*c]
+                    .reads
+                    .iter()
+                    .filter(|r| info.writes.contains(&r.buffer))
+                    .all(|r| r.region.iter().all(|(min, _)| min.affine().is_some()));
+                if !affine {
+                    return Vec::new();
+                }
+                return (0..self.tiled_location_depths(program, *c))
+                    .map(|depth| Rule::ComputeAt { host: *c, depth })
+                    .collect();
+            }
+        }
+        match self.compute_at_host(program, info, consumers, rules) {
+            Some((host, max_depth)) => (0..max_depth)
+                .map(|depth| Rule::ComputeAt { host, depth })
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Loops of a tiled block a producer may be computed under: S0, S1, R0 and S2 (below
+    /// them, R1 and S3 would recompute it for every register tile).
+    pub fn tiled_location_depths(&self, program: &Program, block: usize) -> usize {
+        let (n_s, n_r) = spatial_reduce_counts(program, block);
+        3 * n_s + n_r
+    }
+
+    /// Loops of `host` once its rule has been applied: the host of a compute location.
+    pub fn host_loop_count(
+        &self,
+        program: &Program,
+        rules: &BTreeMap<usize, Rule>,
+        host: usize,
+    ) -> usize {
+        match rules.get(&host) {
+            Some(Rule::Tile { .. }) => {
+                let (n_s, n_r) = spatial_reduce_counts(program, host);
+                4 * n_s + 2 * n_r
+            }
+            _ => self.info(host).loop_extents.len(),
+        }
+    }
+
     /// Where a block can be computed: under the loops of the one block that (directly or
     /// through blocks computed under it) consumes it, down to the loops its result depends on.
     fn compute_at_host(
@@ -387,6 +469,13 @@ impl SketchSpace {
             .take_while(|v| used.contains(&v.name))
             .count()
     }
+}
+
+/// Spatial and reduction iteration variables of a block.
+fn spatial_reduce_counts(program: &Program, block: usize) -> (usize, usize) {
+    let vars = &program.blocks[block].iter_vars;
+    let n_s = vars.iter().filter(|v| v.kind == IterKind::Spatial).count();
+    (n_s, vars.len() - n_s)
 }
 
 /// Emits the trace of one candidate.
@@ -468,7 +557,8 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
                 t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
             }
             (Some(Rule::ComputeAt { host, depth }), _) => {
-                let host_loops = t.get_loops(&rv[host], space.info(*host).loop_extents.len());
+                let host_loops =
+                    t.get_loops(&rv[host], space.host_loop_count(program, rules, *host));
                 t.compute_at(b, &host_loops[*depth]);
             }
             _ => {}

@@ -3,10 +3,11 @@
 //! Mutations keep a candidate inside its sketch: they move a prime factor between tile levels,
 //! redraw one loop's tiling, change one annotation, or change where a tile writes back.
 
-use super::{prime_factors, sample_perfect_tile, CpuTarget, MAX_INNERMOST_FACTOR};
+use super::{prime_factors, sample_perfect_tile, CpuTarget, SketchSpace, MAX_INNERMOST_FACTOR};
 use super::{
     Genome, Rule, WriteCache, PARALLEL_JOBS_PER_CORE, UNROLL_CANDIDATES, VECTORIZE_CANDIDATES,
 };
+use crate::program::Program;
 use crate::rng::Rng;
 
 /// Moves one prime factor of one loop's tiling to another level (innermost bound respected).
@@ -32,7 +33,13 @@ fn move_factor(factors: &mut [i64], rng: &mut Rng) -> bool {
 }
 
 /// One random change to `genome`; the result may equal the input when no change applied.
-pub fn mutate(genome: &Genome, target: &CpuTarget, rng: &mut Rng) -> Genome {
+pub fn mutate(
+    genome: &Genome,
+    program: &Program,
+    space: &SketchSpace,
+    target: &CpuTarget,
+    rng: &mut Rng,
+) -> Genome {
     let mut g = genome.clone();
     let tiled: Vec<usize> = g.tiles.keys().copied().collect();
     for _ in 0..8 {
@@ -65,7 +72,7 @@ pub fn mutate(genome: &Genome, target: &CpuTarget, rng: &mut Rng) -> Genome {
                 let u = rng.below(UNROLL_CANDIDATES.len());
                 std::mem::replace(&mut g.unroll, u) != u
             }
-            _ => mutate_structure(&mut g, rng),
+            _ => mutate_structure(&mut g, program, space, rng),
         };
         if changed {
             break;
@@ -74,16 +81,18 @@ pub fn mutate(genome: &Genome, target: &CpuTarget, rng: &mut Rng) -> Genome {
     g
 }
 
-/// Changes the write-back level or cache of a tile, the rfactor loop, or a compute location depth.
-fn mutate_structure(g: &mut Genome, rng: &mut Rng) -> bool {
+/// Changes the write-back level or cache of a tile, the rfactor loop, a compute location
+/// depth, or whether a conditional block is inlined or computed under its consumer.
+fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng: &mut Rng) -> bool {
     let blocks: Vec<usize> = g
         .rules
         .iter()
-        .filter(|(_, r)| {
-            matches!(
-                r,
-                Rule::Tile { .. } | Rule::RFactor { .. } | Rule::ComputeAt { depth: 1.., .. }
-            )
+        .filter(|(b, r)| {
+            space.optional_inline.contains(b)
+                || matches!(
+                    r,
+                    Rule::Tile { .. } | Rule::RFactor { .. } | Rule::ComputeAt { depth: 1.., .. }
+                )
         })
         .map(|(b, _)| *b)
         .collect();
@@ -91,6 +100,9 @@ fn mutate_structure(g: &mut Genome, rng: &mut Rng) -> bool {
         return false;
     }
     let block = *rng.choose(&blocks);
+    if space.optional_inline.contains(&block) {
+        return move_optional_inline(g, program, space, block, rng);
+    }
     let rule = g.rules.get_mut(&block).expect("block with a rule");
     match rule {
         Rule::Tile { cache, level } => {
@@ -108,6 +120,47 @@ fn mutate_structure(g: &mut Genome, rng: &mut Rng) -> bool {
         Rule::ComputeAt { depth, .. } => *depth -= 1,
         _ => return false,
     }
+    true
+}
+
+/// Inlines a conditional block computed under its consumer, or moves it one loop in or out,
+/// or computes an inlined one at a random location under its consumer.
+fn move_optional_inline(
+    g: &mut Genome,
+    program: &Program,
+    space: &SketchSpace,
+    block: usize,
+    rng: &mut Rng,
+) -> bool {
+    let locations = space.locations(
+        program,
+        space.info(block),
+        &space.consumers(block),
+        &g.rules,
+    );
+    let current = g.rules[&block].clone();
+    let next = match &current {
+        Rule::ComputeAt { host, depth } if !rng.chance(0.5) => {
+            let deeper = Rule::ComputeAt {
+                host: *host,
+                depth: depth + 1,
+            };
+            if rng.chance(0.5) && locations.contains(&deeper) {
+                deeper
+            } else if *depth > 0 {
+                Rule::ComputeAt {
+                    host: *host,
+                    depth: depth - 1,
+                }
+            } else {
+                return false;
+            }
+        }
+        Rule::ComputeAt { .. } => Rule::Inline,
+        _ if locations.is_empty() => return false,
+        _ => rng.choose(&locations).clone(),
+    };
+    g.rules.insert(block, next);
     true
 }
 

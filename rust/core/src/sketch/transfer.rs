@@ -70,13 +70,21 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
         return None;
     }
     for (&block, rule) in &genome.rules {
-        if !known(block) || (space.inlined.contains(&block) != (*rule == Rule::Inline)) {
+        if !known(block) {
+            return None;
+        }
+        let inline_fits = if space.optional_inline.contains(&block) {
+            matches!(rule, Rule::Inline | Rule::ComputeAt { .. })
+        } else {
+            space.inlined.contains(&block) == (*rule == Rule::Inline)
+        };
+        if !inline_fits {
             return None;
         }
         let info = space.info(block);
         let fits = match rule {
             Rule::ComputeAt { host, depth } => {
-                known(*host) && *depth < space.info(*host).loop_extents.len()
+                known(*host) && *depth < space.host_loop_count(program, &genome.rules, *host)
             }
             Rule::Tile { cache, level } => {
                 info.simple_loops
@@ -93,7 +101,12 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
             return None;
         }
     }
-    if space.inlined.iter().any(|b| !genome.rules.contains_key(b)) {
+    if space
+        .inlined
+        .iter()
+        .chain(&space.optional_inline)
+        .any(|b| !genome.rules.contains_key(b))
+    {
         return None;
     }
     let mut tiles = BTreeMap::new();
