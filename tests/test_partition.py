@@ -6,6 +6,8 @@ import fastsearch
 import numpy as np
 import pytest
 import tvm
+from fastsearch.models import MODELS as BUILTIN_MODELS
+from fastsearch.models import load_model
 from fastsearch.partition import (
     extract_graph,
     fuse,
@@ -66,6 +68,13 @@ def test_groups_match_fuse_ops(name: str) -> None:
     graph = extract_graph(prepare(mod))
     assert sorted(n for g in ours for n in g) == sorted(c for c in graph.callee if c)
     assert any(len(g) > 1 for g in ours)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_builtin_models_group_as_fuse_ops(name: str) -> None:
+    # The models `fastsearch tune --model` and the end-to-end benchmark tune, ResNet-18 included.
+    mod = load_model(name)
+    assert partition(mod) == _fuse_ops_groups(mod)
 
 
 @pytest.mark.parametrize("depth", [2, 5, 64])

@@ -1,9 +1,10 @@
 """Small Relax models built in code (random weights, batch 1), for trying ``fastsearch tune`` on a
 whole model without a model file, and for tests. ``MODELS`` maps each name to a builder.
 
-They are deliberately tiny (tuning one takes a minute on a laptop) and repeat identical layers,
-so the task deduplication shows: ``resnet-tiny`` has two identical basic blocks, ``mlp-tiny``
-three identical hidden layers.
+``resnet-tiny`` and ``mlp-tiny`` are deliberately tiny (tuning one takes a minute on a laptop)
+and repeat identical layers, so the task deduplication shows: ``resnet-tiny`` has two identical
+basic blocks, ``mlp-tiny`` three identical hidden layers. ``resnet-18`` is the real network at
+224x224 (random weights), the end-to-end benchmark's model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tvm.relax import op as R
 
 from fastsearch.errors import UnsupportedWorkload
 
-__all__ = ["MODELS", "load_model", "mlp", "model_inputs", "resnet_tiny"]
+__all__ = ["MODELS", "load_model", "mlp", "model_inputs", "resnet18", "resnet_tiny"]
 
 
 def _weight(rng: np.random.Generator, *shape: int) -> relax.Expr:
@@ -49,6 +50,45 @@ def resnet_tiny(channels: int = 8, size: int = 16, blocks: int = 2, seed: int = 
     return bb.get()
 
 
+def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> tvm.IRModule:
+    """ResNet-18 at batch 1 (He et al. 2016; the torchvision layout): a 7x7 stem convolution of
+    stride 2 and max pooling, four stages of two basic blocks (64, 128, 256, 512 channels; the
+    first block of stages 2-4 has stride 2 and a 1x1 projection shortcut), global average pooling
+    and a dense classifier. Batch norm is folded into each convolution's per-channel bias, as in
+    an inference-optimized export."""
+    rng = np.random.default_rng(seed)
+    data = relax.Var("data", relax.TensorType((1, 3, size, size), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [data]):
+        with bb.dataflow():
+
+            def conv(x: relax.Expr, cin: int, cout: int, k: int, stride: int, relu: bool) -> relax.Expr:
+                # He initialization keeps activations in range through 18 layers.
+                w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype("float32")
+                y = bb.emit(R.nn.conv2d(x, relax.const(w), strides=stride, padding=k // 2))
+                y = bb.emit(R.add(y, _weight(rng, 1, cout, 1, 1)))
+                return bb.emit(R.nn.relu(y)) if relu else y
+
+            x = conv(data, 3, 64, 7, 2, relu=True)
+            x = bb.emit(R.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))
+            cin = 64
+            for stage, width in enumerate([64, 128, 256, 512]):
+                for block in range(2):
+                    stride = 2 if block == 0 and stage > 0 else 1
+                    y = conv(x, cin, width, 3, stride, relu=True)
+                    y = conv(y, width, width, 3, 1, relu=False)
+                    shortcut = (
+                        x if stride == 1 and cin == width else conv(x, cin, width, 1, stride, relu=False)
+                    )
+                    x = bb.emit(R.nn.relu(bb.emit(R.add(y, shortcut))))
+                    cin = width
+            x = bb.emit(R.mean(x, axis=[2, 3]))
+            x = bb.emit(R.matmul(x, _weight(rng, 512, classes)))
+            out = bb.emit_output(R.add(x, _weight(rng, classes)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def mlp(features: int = 64, hidden_layers: int = 3, classes: int = 10, seed: int = 0) -> tvm.IRModule:
     """Dense layers with bias and ReLU (``hidden_layers`` identical ones), then a classifier."""
     rng = np.random.default_rng(seed)
@@ -70,6 +110,7 @@ def mlp(features: int = 64, hidden_layers: int = 3, classes: int = 10, seed: int
 MODELS: dict[str, Callable[[], tvm.IRModule]] = {
     "resnet-tiny": resnet_tiny,
     "mlp-tiny": mlp,
+    "resnet-18": resnet18,
 }
 
 
