@@ -10,7 +10,9 @@
 use std::collections::BTreeSet;
 
 use crate::program::{Expr, IterKind, OpCounts, Program};
-use crate::sketch::{CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES};
+use crate::sketch::{
+    linear_in_iter_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES,
+};
 
 /// Cache sizes and bandwidths of a typical x86 core, in bytes and bytes per cycle.
 const L1_BYTES: f64 = 48.0 * 1024.0;
@@ -159,12 +161,19 @@ fn elements_under_tiles(
     let shape = &program.buffers[*written].shape;
     let mut region = 1.0;
     for (dim, (min, ext)) in read.region.iter().enumerate() {
-        let affine = min.affine()?;
+        let lin = linear_in_iter_vars(min, hb)?;
+        let coef = |name: &str| {
+            lin.terms
+                .values()
+                .filter(|(atom, _)| matches!(atom, Expr::Var(n) if n == name))
+                .map(|(_, c)| *c)
+                .sum::<i64>()
+        };
         let span: f64 = hb
             .iter_vars
             .iter()
             .zip(&inner)
-            .map(|(v, e)| affine.coef(&v.name).abs() as f64 * (e - 1.0))
+            .map(|(v, e)| coef(&v.name).abs() as f64 * (e - 1.0))
             .sum();
         let full = shape.get(dim).copied().unwrap_or(1) as f64;
         region *= (span + ext.as_int().unwrap_or(1) as f64).min(full);

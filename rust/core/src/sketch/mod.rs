@@ -28,6 +28,7 @@ pub use transfer::{refit_factors, transfer};
 
 use crate::program::{Expr, IterKind, Program};
 use crate::rng::Rng;
+use crate::schedule::arith::{linear, Lin, Ranges};
 
 /// What sketches need to know about a CPU target.
 #[derive(Clone, Debug)]
@@ -371,11 +372,16 @@ impl SketchSpace {
             if let Some(Rule::Tile { .. }) = rules.get(c) {
                 // Under tiles, a region indexed through a division (transposed and grouped
                 // convolutions) has a loop-dependent extent, which TVM's postprocessor refuses.
-                let affine = program.blocks[*c]
+                let cb = &program.blocks[*c];
+                let affine = cb
                     .reads
                     .iter()
                     .filter(|r| info.writes.contains(&r.buffer))
-                    .all(|r| r.region.iter().all(|(min, _)| min.affine().is_some()));
+                    .all(|r| {
+                        r.region
+                            .iter()
+                            .all(|(min, _)| linear_in_iter_vars(min, cb).is_some())
+                    });
                 if !affine {
                     return Vec::new();
                 }
@@ -469,6 +475,22 @@ impl SketchSpace {
             .take_while(|v| used.contains(&v.name))
             .count()
     }
+}
+
+/// `index` (of an access of `block`) as a linear form over the block's iteration variables,
+/// after simplifying with their ranges (`co // 256` is 0 when `co < 256`, as in an ungrouped
+/// convolution written for groups); `None` when a division or modulo remains.
+pub fn linear_in_iter_vars(index: &Expr, block: &crate::program::Block) -> Option<Lin> {
+    let ranges: Ranges = block
+        .iter_vars
+        .iter()
+        .map(|v| (v.name.clone(), v.extent))
+        .collect();
+    let lin = linear(index, &ranges)?;
+    lin.terms
+        .values()
+        .all(|(atom, _)| matches!(atom, Expr::Var(_)))
+        .then_some(lin)
 }
 
 /// Spatial and reduction iteration variables of a block.
