@@ -29,6 +29,8 @@ const FMA_CHAINS: f64 = 8.0;
 const OOO_WINDOW_FMAS: f64 = 64.0;
 /// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
 const VECTOR_REGISTERS: f64 = 32.0;
+/// Registers the register tile's loaded operands (broadcasts, weight vectors) keep busy.
+const OPERAND_REGISTERS: f64 = 4.0;
 /// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
 /// into it: every load of that input becomes a compare and a select.
 const INLINED_SELECT_COST: f64 = 1.2;
@@ -287,7 +289,11 @@ pub fn estimate_block(
             let out_bytes = program.buffers[b.writes[0].buffer].element_bytes() as f64;
             // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
             e.accumulators = levels[5].iter().map(|l| l.extent).product();
-            let spill = (e.accumulators / lanes / VECTOR_REGISTERS).max(1.0);
+            // Accumulators share the registers with the operands in flight; beyond what is
+            // left for them, spills add a store and a load to every FMA that touches one.
+            let spill = (e.accumulators / lanes / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+                .max(1.0)
+                .powi(2);
             let parallel_prefix = shallowest_guest(genome, block).map_or(nest.len(), |d| d + 1);
             e.parallel_efficiency = parallel_efficiency(
                 &nest[..parallel_prefix.min(nest.len())],
@@ -319,9 +325,28 @@ pub fn estimate_block(
             let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
             let chains = vectors * overlap;
             let latency_bound = (FMA_CHAINS / chains).max(1.0);
+            // Every step of R1 loads the register tile's operands: a vector per `lanes`
+            // elements along the vectorized loop, a broadcast per element otherwise. With as
+            // many load ports as FMA units, more loads than accumulator vectors wait on loads.
+            let vector_var = levels[5].last().map(|l| l.var);
+            let loads: f64 = reads
+                .iter()
+                .map(|(vars, _)| {
+                    let elems: f64 = levels[5]
+                        .iter()
+                        .filter(|l| vars.contains(&l.var))
+                        .map(|l| l.extent)
+                        .product();
+                    match vector_var {
+                        Some(v) if vars.contains(&v) => (elems / lanes).ceil(),
+                        _ => elems,
+                    }
+                })
+                .sum();
+            let load_bound = (loads / vectors).max(1.0);
             e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency)
                 * spill
-                * latency_bound
+                * latency_bound.max(load_bound)
                 * INLINED_SELECT_COST.powi(inlined_selects as i32);
             let l1_bw = if e.l2_footprint <= L1_BYTES {
                 L1_BW
