@@ -93,8 +93,19 @@ def run_metaschedule(
             }
         )
         estimate += int(task.weight) * (best or 0.0) * 1e6
-    exe = ms.relax_integration.compile_relax(db, fused, target, None)
+    # compile_relax runs TVM's whole pipeline (legalize, fuse, apply the database) itself: it
+    # takes the model before fusion.
+    exe = ms.relax_integration.compile_relax(db, mod, target, None)
     return {"wall_s": wall, "tasks": tasks, "exe": exe, "estimate_us": estimate}
+
+
+def recompile(mod: tvm.IRModule, target: tvm.target.Target, work: Path, earlier: dict) -> dict:
+    """A tuner's model compiled again from its database (``--compile-only``): TVM's pipeline
+    with MetaScheduleApplyDatabase, which reads fastsearch's database as it reads its own."""
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    exe = ms.relax_integration.compile_relax(db, mod, target, None)
+    keep = {k: earlier[k] for k in ("wall_s", "tasks", "estimate_us") if k in earlier}
+    return {**keep, "exe": exe}
 
 
 def retime(
@@ -178,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "--ms-trials-per-iter", type=int, default=16, help="MetaSchedule's batch (fastsearch's is at most 16)"
     )
     parser.add_argument("--out-dir", required=True)
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="no tuning: compile both tuners' databases in --out-dir again (TVM's pipeline and "
+        "MetaScheduleApplyDatabase for both) and re-time; tuning figures kept from result.json",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -185,12 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     mod = load_model(args.model)
     inputs = model_inputs(mod, seed=1)
 
-    print(f"fastsearch: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-    fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
-    print(f"MetaSchedule: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-    mst = run_metaschedule(
-        mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_trials_per_iter
-    )
+    if args.compile_only:
+        earlier = json.loads((out / "result.json").read_text())
+        fs = recompile(mod, target, out / "fastsearch_work", earlier["fastsearch"])
+        mst = recompile(mod, target, out / "metaschedule_work", earlier["metaschedule"])
+    else:
+        print(f"fastsearch: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
+        fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
+        print(f"MetaSchedule: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
+        mst = run_metaschedule(
+            mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_trials_per_iter
+        )
     untuned = tvm.compile(mod, target=target)
 
     times, outputs = retime([untuned, fs["exe"], mst["exe"]], inputs, args.repeat)
