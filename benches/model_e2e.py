@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from fastsearch.measure import build_module
 from fastsearch.models import load_model, model_inputs
+from fastsearch.partition import prepare
 from fastsearch.target import physical_cores, resolve_target
 from fastsearch.tune import tune
 from tvm import relax
@@ -35,15 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 
 def fuse_like_tvm(mod: tvm.IRModule) -> tvm.IRModule:
     """The model as ``tune_relax`` expects it: legalized, fused by FuseOps, FuseTIR applied."""
-    seq = tvm.transform.Sequential(
-        [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-        ]
-    )
-    return seq(mod)
+    return relax.transform.FuseTIR()(relax.transform.FuseOps()(prepare(mod)))
 
 
 def run_fastsearch(mod: tvm.IRModule, target: tvm.target.Target, trials: int, seed: int, work: Path) -> dict:

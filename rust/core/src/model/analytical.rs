@@ -114,17 +114,6 @@ fn tile_levels(program: &Program, block: usize, tiles: &[Vec<i64>]) -> Vec<Vec<L
     levels
 }
 
-/// Whether a block stores a conditional (padding's `if_then_else`).
-fn has_select(program: &Program, block: usize) -> bool {
-    let mut found = false;
-    for store in &program.blocks[block].body {
-        store
-            .value
-            .visit(&mut |e| found |= matches!(e, Expr::Select(..)));
-    }
-    found
-}
-
 /// The outermost loop of `block` (tiled) that some block is computed under: the postprocessor
 /// parallelizes only the loops above and at it.
 fn shallowest_guest(genome: &Genome, block: usize) -> Option<usize> {
@@ -244,6 +233,7 @@ pub struct BlockEstimate {
 /// Estimates one block under its rule.
 pub fn estimate_block(
     program: &Program,
+    space: &SketchSpace,
     genome: &Genome,
     block: usize,
     target: &CpuTarget,
@@ -304,14 +294,14 @@ pub fn estimate_block(
             e.inner_extent = inner.map_or(1.0, |l| l.extent);
             e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
             e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+            // Conditional producers (the sketch space's optional inlines) inlined into this block.
             let inlined_selects = b
                 .reads
                 .iter()
                 .filter(|r| {
-                    program.blocks.iter().enumerate().any(|(p, pb)| {
-                        genome.rules.get(&p) == Some(&Rule::Inline)
-                            && pb.writes.iter().any(|w| w.buffer == r.buffer)
-                            && has_select(program, p)
+                    space.optional_inline.iter().any(|p| {
+                        genome.rules.get(p) == Some(&Rule::Inline)
+                            && space.info(*p).writes.contains(&r.buffer)
                     })
                 })
                 .count();
@@ -442,7 +432,7 @@ pub fn estimate_cycles(
     space
         .infos
         .iter()
-        .map(|i| estimate_block(program, genome, i.block, target).cycles)
+        .map(|i| estimate_block(program, space, genome, i.block, target).cycles)
         .sum()
 }
 

@@ -61,7 +61,12 @@ pub fn sketch_features(
     let estimates: Vec<_> = space
         .infos
         .iter()
-        .map(|i| (i.block, estimate_block(program, genome, i.block, target)))
+        .map(|i| {
+            (
+                i.block,
+                estimate_block(program, space, genome, i.block, target),
+            )
+        })
         .collect();
     let total: f64 = estimates.iter().map(|(_, e)| e.cycles).sum();
     let (block, e) = estimates

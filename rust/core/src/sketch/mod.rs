@@ -244,13 +244,7 @@ impl SketchSpace {
                     options.push(Rule::RFactor { outer: true });
                 }
                 if !info.output {
-                    if let Some((host, max_depth)) =
-                        self.compute_at_host(program, info, &consumers, &rules)
-                    {
-                        for depth in 0..max_depth {
-                            options.push(Rule::ComputeAt { host, depth });
-                        }
-                    }
+                    options.extend(self.host_locations(program, info, &consumers, &rules));
                 }
             }
             let rule = rng.choose(&options).clone();
@@ -392,6 +386,17 @@ impl SketchSpace {
                     .collect();
             }
         }
+        self.host_locations(program, info, consumers, rules)
+    }
+
+    /// The compute locations [`Self::compute_at_host`] allows, as rules.
+    fn host_locations(
+        &self,
+        program: &Program,
+        info: &BlockInfo,
+        consumers: &[usize],
+        rules: &BTreeMap<usize, Rule>,
+    ) -> Vec<Rule> {
         match self.compute_at_host(program, info, consumers, rules) {
             Some((host, max_depth)) => (0..max_depth)
                 .map(|depth| Rule::ComputeAt { host, depth })
