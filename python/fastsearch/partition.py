@@ -176,6 +176,28 @@ def partition(
     return names
 
 
+def _check_groups(graph: OpGraph, groups: list[list[int]]) -> None:
+    """Explicit groups must cover every node once, stay within one dataflow block and come
+    after the groups they read from."""
+    group_of: dict[int, int] = {}
+    for g, members in enumerate(groups):
+        if not members:
+            raise MalformedInput(f"fusion group {g} is empty")
+        for node in members:
+            if not 0 <= node < len(graph.nodes) or node in group_of:
+                raise MalformedInput(f"fusion group {g} names node {node}: unknown or already grouped")
+            group_of[node] = g
+        if len({graph.block_of[i] for i in members}) > 1:
+            raise MalformedInput(f"fusion group {g} spans two dataflow blocks")
+    if len(group_of) != len(graph.nodes):
+        missing = sorted(set(range(len(graph.nodes))) - set(group_of))
+        raise MalformedInput(f"nodes {missing[:5]} are in no fusion group")
+    for node, spec in enumerate(graph.nodes):
+        for i in spec["inputs"]:  # type: ignore[attr-defined]
+            if group_of[i] > group_of[node]:
+                raise MalformedInput(f"fusion group {group_of[node]} comes before group {group_of[i]}, which it reads")
+
+
 def _rebuild(expr: relax.Expr, remap: dict[relax.Var, relax.Expr]) -> relax.Expr:
     """``expr`` with variables replaced through ``remap`` (the forms bindings take after
     legalization: calls, tuples, tuple-get-items, leaves)."""
@@ -262,12 +284,20 @@ def group_module(
     mod: tvm.IRModule,
     max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH,
     func_name: str = "main",
+    groups: list[list[int]] | None = None,
 ) -> tvm.IRModule:
     """``mod`` legalized, with each of fastsearch's fusion groups of more than one binding moved
-    into its own primitive Relax function (what FuseOps produces, with our groups)."""
+    into its own primitive Relax function (what FuseOps produces, with our groups).
+
+    ``groups`` replaces the rule-based grouping: node indices of :func:`extract_graph`'s graph
+    of the prepared module, groups in an order where each follows its inputs (what
+    :func:`partition_groups` and ``fastsearch.fusion_search`` give)."""
     mod = prepare(mod)
     graph = extract_graph(mod, func_name)
-    groups = partition_groups(graph, max_fuse_depth)
+    if groups is None:
+        groups = partition_groups(graph, max_fuse_depth)
+    else:
+        _check_groups(graph, groups)
     func = mod[func_name]
     # Variables read outside their group's bindings: group outputs.
     read_by: dict[relax.Var, set[int]] = {}
@@ -330,8 +360,10 @@ def fuse(
     mod: tvm.IRModule,
     max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH,
     func_name: str = "main",
+    groups: list[list[int]] | None = None,
 ) -> tvm.IRModule:
-    """``mod`` with fastsearch's fusion groups fused into one PrimFunc each (``FuseTIR``), ready
-    for ``tvm.compile`` with a pipeline that does not fuse again (the default CPU one)."""
-    grouped = group_module(mod, max_fuse_depth, func_name)
+    """``mod`` with fastsearch's fusion groups (or ``groups``, see :func:`group_module`) fused
+    into one PrimFunc each (``FuseTIR``), ready for ``tvm.compile`` with a pipeline that does
+    not fuse again (the default CPU one)."""
+    grouped = group_module(mod, max_fuse_depth, func_name, groups)
     return relax.transform.DeadCodeElimination()(relax.transform.FuseTIR()(grouped))

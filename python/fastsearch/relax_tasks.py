@@ -96,8 +96,11 @@ def _skip_reason(func: tvm.tirx.PrimFunc, name: str) -> str | None:
     return None
 
 
-def extract_tasks(mod: IRModule, max_fuse_depth: int | None = None) -> tuple[IRModule, list[ModelTask]]:
-    """Fuse a Relax model and list its tasks in program order (first call).
+def extract_tasks(
+    mod: IRModule, max_fuse_depth: int | None = None, groups: list[list[int]] | None = None
+) -> tuple[IRModule, list[ModelTask]]:
+    """Fuse a Relax model (with fastsearch's rule-based groups, or ``groups``: see
+    :func:`fastsearch.partition.group_module`) and list its tasks in program order (first call).
 
     Returns the fused module (what ``tvm.compile`` and the database pass get) and one
     :class:`ModelTask` per distinct PrimFunc that is called; tasks without loops, pure reshapes
@@ -107,7 +110,7 @@ def extract_tasks(mod: IRModule, max_fuse_depth: int | None = None) -> tuple[IRM
 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedWorkload("the Relax module has no function `main` to tune")
-    fused = fuse(mod, max_fuse_depth or DEFAULT_MAX_FUSE_DEPTH)
+    fused = fuse(mod, max_fuse_depth or DEFAULT_MAX_FUSE_DEPTH, groups=groups)
     counts = _call_counts(fused)
     prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     # Program order: the order of first calls in main, then any other called function by name.

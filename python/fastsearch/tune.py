@@ -33,6 +33,7 @@ from tvm_ffi import structural_hash
 
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
+from fastsearch.fusion_search import FusionReport, check_fusion_argument, tune_searching_fusion
 from fastsearch.measure import (
     FAILURE_KINDS,
     CandidateFault,
@@ -140,6 +141,7 @@ class TuneResult:
     is_relax: bool = False  # mod is a fused Relax model; compile() gives a VM executable
     task_scheduler: str = "gradient"
     warm_start: WarmStart | None = None  # the records this run started from
+    fusion: FusionReport | None = None  # what fusion="search" tried and kept
 
     @property
     def best_traces(self) -> dict[str, Trace]:
@@ -381,6 +383,11 @@ def tune(
     runner: RPCRunner | None = None,
     task_scheduler: str = "gradient",
     warm_start: WarmStartLike | WarmStart | None = None,
+    fusion: str = "rules",
+    fusion_share: float = 0.25,
+    fusion_min_gain: float = 0.01,
+    fusion_rounds: int = 20,
+    _groups: list[list[int]] | None = None,
 ) -> TuneResult:
     """Tune a PrimFunc, each PrimFunc of an IRModule, or a whole Relax model.
 
@@ -411,6 +418,13 @@ def tune(
     task has records of its own, and the best candidates found on other shapes of the same
     operator are refitted to this shape and measured first (:mod:`fastsearch.warm_start`).
 
+    ``fusion`` decides a Relax model's fused functions: ``"rules"`` (FuseOps' grouping, by
+    fastsearch's partitioner) or ``"search"``: the rules' grouping is tuned with ``1 -
+    fusion_share`` of the trials, then changes the rules never make (prologue, epilogue and
+    horizontal fusion) get the rest, and each is kept only when the model, compiled and timed
+    end to end in ``fusion_rounds`` interleaved rounds, is at least ``fusion_min_gain`` faster
+    with it (:mod:`fastsearch.fusion_search`; ``TuneResult.fusion`` reports every change).
+
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
     :class:`fastsearch.DatabaseError`, :class:`fastsearch.RemoteError` (no reachable device), or
     :class:`fastsearch.MeasurementError` when not a single candidate of a task could be measured.
@@ -418,6 +432,32 @@ def tune(
     t_start = time.perf_counter()
     if trials < 0:
         raise ValueError(f"trials must be >= 0, got {trials}")
+    check_fusion_argument(fusion, mod)
+    if fusion == "search":
+        assert isinstance(mod, IRModule)
+        return tune_searching_fusion(
+            mod,
+            trials=trials,
+            share=fusion_share,
+            min_gain=fusion_min_gain,
+            rounds=fusion_rounds,
+            options=dict(
+                target=target,
+                seed=seed,
+                work_dir=work_dir,
+                strategy=strategy,
+                batch_size=batch_size,
+                measure=measure,
+                verify=verify,
+                rtol=rtol,
+                atol=atol,
+                progress=progress,
+                name=name,
+                runner=runner,
+                task_scheduler=task_scheduler,
+                warm_start=warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start),
+            ),
+        )
     if task_scheduler not in SCHEDULERS:
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     tgt = resolve_target(target)
@@ -426,7 +466,7 @@ def tune(
     is_relax = is_relax_module(mod)
     if is_relax:
         assert isinstance(mod, IRModule)
-        whole, model_tasks = extract_tasks(mod)
+        whole, model_tasks = extract_tasks(mod, groups=_groups)
         funcs = [(t.name, t.func) for t in model_tasks if t.skip is None]
         weights = {t.name: t.weight for t in model_tasks}
     else:

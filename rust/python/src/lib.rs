@@ -400,6 +400,50 @@ fn partition_graph(
     })
 }
 
+/// Changes to a partition (`groups`, as `partition_graph` returns them) that FuseOps' rules never
+/// make: `(kind, group indices)` with kind `"prologue"`, `"epilogue"` or `"horizontal"`.
+#[pyfunction]
+#[pyo3(signature = (graph_json, groups, max_fuse_depth = fastsearch_core::partition::DEFAULT_MAX_FUSE_DEPTH))]
+fn fusion_proposals(
+    py: Python<'_>,
+    graph_json: String,
+    groups: Vec<Vec<usize>>,
+    max_fuse_depth: usize,
+) -> PyResult<Vec<(&'static str, Vec<usize>)>> {
+    guarded(py, "fusion_proposals", move || {
+        use fastsearch_core::partition::{proposals, Graph};
+        let graph = Graph::from_json(&graph_json)?;
+        let partition = partition_of(&graph, groups)?;
+        Ok(proposals(&graph, &partition, max_fuse_depth)
+            .into_iter()
+            .map(|p| (p.kind.name(), p.groups))
+            .collect())
+    })
+}
+
+/// `groups` with each list of group indices in `merges` made one group, in emission order.
+#[pyfunction]
+fn merge_fusion_groups(
+    py: Python<'_>,
+    graph_json: String,
+    groups: Vec<Vec<usize>>,
+    merges: Vec<Vec<usize>>,
+) -> PyResult<Vec<Vec<usize>>> {
+    guarded(py, "merge_fusion_groups", move || {
+        use fastsearch_core::partition::{merge_groups, Graph};
+        let graph = Graph::from_json(&graph_json)?;
+        let partition = partition_of(&graph, groups)?;
+        Ok(merge_groups(&graph, &partition, &merges)?.groups)
+    })
+}
+
+fn partition_of(
+    graph: &fastsearch_core::partition::Graph,
+    groups: Vec<Vec<usize>>,
+) -> fastsearch_core::Result<fastsearch_core::partition::Partition> {
+    fastsearch_core::partition::Partition::from_groups(graph.len(), groups)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -425,6 +469,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_function(wrap_pyfunction!(apply_trace, m)?)?;
     m.add_function(wrap_pyfunction!(partition_graph, m)?)?;
+    m.add_function(wrap_pyfunction!(fusion_proposals, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_fusion_groups, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

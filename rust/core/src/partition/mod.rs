@@ -6,13 +6,16 @@
 //!
 //! * [`graph`] — the graph model and its JSON form;
 //! * [`postdom`] — the post-dominator tree;
-//! * [`rules`] — the fusion rules.
+//! * [`rules`] — the fusion rules;
+//! * [`proposals`] — changes the rules never make, for `fusion="search"` to measure.
 
 pub mod graph;
 pub mod postdom;
+pub mod proposals;
 pub mod rules;
 
 pub use graph::{Graph, OpNode, OpPattern};
+pub use proposals::{merge_groups, proposals, Proposal, ProposalKind};
 pub use rules::DEFAULT_MAX_FUSE_DEPTH;
 
 use crate::error::{Error, Result};
@@ -39,6 +42,35 @@ pub struct Partition {
     pub groups: Vec<Vec<usize>>,
     /// The group (index into `groups`) of each node.
     pub group_of: Vec<usize>,
+}
+
+impl Partition {
+    /// A partition of `n_nodes` nodes from its groups; every node must be in exactly one.
+    pub fn from_groups(n_nodes: usize, groups: Vec<Vec<usize>>) -> Result<Self> {
+        let mut group_of = vec![usize::MAX; n_nodes];
+        for (g, members) in groups.iter().enumerate() {
+            if members.is_empty() {
+                return Err(Error::Malformed(format!("group {g} is empty")));
+            }
+            for &node in members {
+                match group_of.get_mut(node) {
+                    None => {
+                        return Err(Error::Malformed(format!(
+                            "group {g} names node {node}, but the graph has {n_nodes}"
+                        )))
+                    }
+                    Some(slot) if *slot != usize::MAX => {
+                        return Err(Error::Malformed(format!("node {node} is in two groups")))
+                    }
+                    Some(slot) => *slot = g,
+                }
+            }
+        }
+        if let Some(node) = group_of.iter().position(|&g| g == usize::MAX) {
+            return Err(Error::Malformed(format!("node {node} is in no group")));
+        }
+        Ok(Partition { groups, group_of })
+    }
 }
 
 /// Partitions `graph` into fusion groups.

@@ -1,0 +1,368 @@
+"""Fusion beyond FuseOps' rules: ``fastsearch.tune(model, fusion="search")``.
+
+The rule-based grouping is tuned first, with most of the trials. fastsearch's partitioner then
+proposes changes the rules never make (``fastsearch_core::partition::proposals``):
+
+* ``prologue``: a copy kernel (a transpose, a reshape that moves data) joins the reduction
+  that reads it, which then reads through the index map;
+* ``epilogue``: such a kernel joins the reduction it alone reads from, which then writes the
+  transformed layout directly;
+* ``horizontal``: two reductions reading the same tensor (a ResNet downsampling block's 3x3
+  convolution and its 1x1 projection) become one function with two outputs.
+
+Each change makes new fused functions; the changes that remove the slowest kernels (as the
+rule-based run measured them) get the rest of the trials, split evenly, to tune their new
+functions into the same database. The model is then compiled with and without each change and
+timed end to end in interleaved rounds; a change is kept only when the model with it is faster
+in the median round by at least ``min_gain`` and in three rounds of four. Kept changes that do
+not touch the same groups are combined, and the combination is kept only if it beats the best
+single change. ``TuneResult.fusion`` reports every change, its trials and its measured ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tvm
+from tvm.ir import IRModule
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+from tvm_ffi import structural_equal
+
+from fastsearch import _core
+from fastsearch.database import TuningDatabase
+from fastsearch.errors import FastsearchError, UnsupportedWorkload
+from fastsearch.model_timing import paired_ratios, time_interleaved
+from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, extract_graph, partition_groups, prepare
+from fastsearch.relax_tasks import ModelTask, apply_database, extract_tasks
+
+if TYPE_CHECKING:
+    from fastsearch.tune import TuneResult
+
+__all__ = ["FusionChange", "FusionReport", "check_fusion_argument", "tune_searching_fusion"]
+
+#: Fewest trials a change's new functions get; fewer changes are tried when the budget is short.
+MIN_TRIALS_PER_CHANGE = 16
+
+
+@dataclass
+class FusionChange:
+    """One change to the rule-based grouping and what came of it.
+
+    ``sites`` lists the rule-based groups merged at each place the change is made (a change
+    that makes the same new function at several places, as repeated layers do, is made at all
+    of them, and ``groups`` is their union); ``functions`` lists the PrimFuncs (legalized names)
+    of each merged group at the first site; ``removed_us`` is
+    what the fastest kernel the change removes took per inference in the rule-based run, at
+    the sites it is removed from (how changes are ranked for the trial budget); ``ratio`` is the model's end-to-end latency with the change
+    over without it (median of the interleaved rounds); ``reason`` says why it was kept or not.
+    """
+
+    kind: str
+    groups: list[int]
+    functions: list[list[str]]
+    sites: list[list[int]] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
+    removed_us: float | None = None
+    trials: int = 0
+    ratio: float | None = None
+    kept: bool = False
+    reason: str = ""
+
+
+@dataclass
+class FusionReport:
+    """What ``fusion="search"`` tried and chose: ``groups`` is the final grouping (node indices
+    of the legalized model's graph), ``base_ms`` and ``final_ms`` the median end-to-end
+    latencies of the rule-based and the final grouping in the last timing, over ``rounds``
+    interleaved rounds."""
+
+    changes: list[FusionChange]
+    groups: list[list[int]]
+    rule_groups: list[list[int]]
+    base_ms: float | None = None
+    final_ms: float | None = None
+    rounds: int = 0
+    trials_rules: int = 0
+    trials_changes: int = 0
+
+    @property
+    def kept(self) -> list[FusionChange]:
+        return [c for c in self.changes if c.kept]
+
+
+def tune_searching_fusion(
+    mod: IRModule,
+    *,
+    trials: int,
+    share: float,
+    min_gain: float,
+    rounds: int,
+    options: dict[str, Any],
+) -> TuneResult:
+    """``tune(mod, fusion="search", ...)``: see the module's documentation. ``options`` are the
+    other arguments of :func:`fastsearch.tune`."""
+    from fastsearch.tune import default_name, tune
+
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"fusion_share must be in [0, 1), got {share}")
+    if rounds < 1:
+        raise ValueError(f"fusion_rounds must be at least 1, got {rounds}")
+    t_start = time.perf_counter()
+    name = options.pop("name", None) or default_name(mod)
+    work_dir = options.pop("work_dir", None)
+    wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / name
+    progress = bool(options.get("progress", True))
+
+    graph = extract_graph(prepare(mod))
+    graph_json = graph.to_json()
+    rule_groups = partition_groups(graph, DEFAULT_MAX_FUSE_DEPTH)
+    _, rule_tasks = extract_tasks(mod)
+    changes: list[FusionChange] = []
+    variants: dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]] = {}
+    for kind, groups in _core.fusion_proposals(graph_json, rule_groups, DEFAULT_MAX_FUSE_DEPTH):
+        functions = [[c for i in rule_groups[g] if (c := graph.callee[i]) is not None] for g in groups]
+        change = FusionChange(kind=kind, groups=list(groups), functions=functions, sites=[list(groups)])
+        if len({graph.block_of[rule_groups[g][0]] for g in groups}) > 1:
+            change.reason = "not tried: the groups are in different dataflow blocks"
+            changes.append(change)
+            continue
+        merged = _core.merge_fusion_groups(graph_json, rule_groups, change.sites)
+        _, tasks = extract_tasks(mod, groups=merged)
+        new = [t for t in tasks if not any(_same(t, r) for r in rule_tasks)]
+        change.tasks = [t.name for t in new]
+        skipped = [t for t in new if t.skip is not None]
+        if skipped:
+            change.reason = f"not tried: fastsearch cannot tune {skipped[0].name} ({skipped[0].skip})"
+            changes.append(change)
+            continue
+        # The same change at another site (a repeated layer) makes the same new functions: one
+        # change made at every such site, tuned once.
+        twin = next(
+            (
+                i
+                for i, (_, _, other) in variants.items()
+                if changes[i].kind == kind
+                and len(other) == len(new)
+                and all(_same(a, b) for a, b in zip(other, new, strict=True))
+                and set(changes[i].groups).isdisjoint(groups)
+            ),
+            None,
+        )
+        if twin is not None:
+            first = changes[twin]
+            first.sites.append(list(groups))
+            first.groups = sorted(first.groups + list(groups))
+            merged = _core.merge_fusion_groups(graph_json, rule_groups, first.sites)
+            _, tasks = extract_tasks(mod, groups=merged)
+            variants[twin] = (merged, tasks, variants[twin][2])
+            continue
+        changes.append(change)
+        variants[len(changes) - 1] = (merged, tasks, new)
+
+    reserve = int(trials * share) if variants else 0
+    base = tune(mod, trials=trials - reserve, work_dir=wdir, name=name, **options)
+    report = FusionReport(changes=changes, groups=rule_groups, rule_groups=rule_groups)
+    report.trials_rules = base.trials_measured
+    histories = [base]
+
+    # Rank by what a change can save: the fastest kernel it removes, as the rule-based run timed it.
+    for index, (_, tasks, _) in variants.items():
+        changes[index].removed_us = _removed_us(rule_tasks, tasks, base)
+    ranked = sorted(variants, key=lambda i: -(changes[i].removed_us or 0.0))
+    n_try = min(len(ranked), max(1, reserve // MIN_TRIALS_PER_CHANGE)) if reserve else 0
+    for index in ranked[n_try:]:
+        changes[index].reason = f"not tried: the budget covered the {n_try} changes that remove the slowest kernels"
+    tried: list[int] = []
+    for rank, index in enumerate(ranked[:n_try]):
+        change = changes[index]
+        budget = reserve // n_try + (1 if rank < reserve % n_try else 0)
+        _, _, new = variants[index]
+        if new:
+            funcs = IRModule({t.name: t.func for t in new})
+            try:
+                result = tune(
+                    funcs,
+                    trials=budget,
+                    work_dir=wdir,
+                    name=f"{name} [{change.kind} {'+'.join(new[0].functions)}]",
+                    **options,
+                )
+            except FastsearchError as exc:
+                change.reason = f"not kept: tuning its new function failed ({str(exc).splitlines()[0]})"
+                continue
+            change.trials = result.trials_measured
+            report.trials_changes += result.trials_measured
+            histories.append(result)
+        tried.append(index)
+
+    final_groups = rule_groups
+    if tried:
+        final_groups = _choose(mod, graph_json, rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report)
+        if progress:
+            _print_changes(report)
+    report.groups = final_groups
+    final = tune(mod, trials=0, work_dir=wdir, name=name, _groups=final_groups, **{**options, "progress": False})
+    _merge_runs(final, histories, t_start)
+    final.fusion = report
+    return final
+
+
+def _same(task: ModelTask, other: ModelTask) -> bool:
+    return bool(structural_equal(_normalize_mod(task.func), _normalize_mod(other.func)))
+
+
+def _removed_us(rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult) -> float | None:
+    """Time the fastest rule-based kernel that runs fewer times with the change takes per
+    inference at the places the change removes it."""
+    removed = []
+    for rule in rule_tasks:
+        remaining = sum(t.weight for t in tasks if _same(t, rule))
+        best = base.tasks[rule.name].best_latency_us if rule.name in base.tasks else None
+        if remaining < rule.weight and best is not None:
+            removed.append(best * (rule.weight - remaining))
+    return min(removed) if removed else None
+
+
+def _compile(mod: IRModule, groups: list[list[int]], db: TuningDatabase, target: tvm.target.Target) -> Any:
+    fused, _ = extract_tasks(mod, groups=groups)
+    return tvm.compile(apply_database(fused, db.ms_database, target), target=target)
+
+
+def _close(out: np.ndarray, ref: np.ndarray) -> bool:
+    scale = float(np.max(np.abs(ref))) or 1.0
+    return out.shape == ref.shape and bool(np.allclose(out, ref, rtol=1e-3, atol=1e-4 * scale))
+
+
+def _verdict(ratios: list[float], min_gain: float) -> tuple[float, bool]:
+    """The median of sorted paired ratios, and whether it wins: at least ``min_gain`` faster in
+    the median round and faster in three rounds of four."""
+    median = float(np.median(ratios))
+    upper = ratios[min(len(ratios) - 1, math.ceil(0.75 * len(ratios)) - 1)]
+    return median, median <= 1.0 - min_gain and upper < 1.0
+
+
+def _choose(
+    mod: IRModule,
+    graph_json: str,
+    rule_groups: list[list[int]],
+    changes: list[FusionChange],
+    variants: dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]],
+    tried: list[int],
+    wdir: Path,
+    base: TuneResult,
+    rounds: int,
+    min_gain: float,
+    report: FusionReport,
+) -> list[list[int]]:
+    """Times the model with each tried change against the rule-based grouping and returns the
+    grouping to keep."""
+    from fastsearch.models import model_inputs
+
+    db = TuningDatabase(wdir)  # the records of every run so far
+    target = base.target
+    inputs = model_inputs(mod)
+    exes = [_compile(mod, rule_groups, db, target)] + [
+        _compile(mod, variants[i][0], db, target) for i in tried
+    ]
+    times, outputs = time_interleaved(exes, inputs, rounds)
+    report.rounds = rounds
+    report.base_ms = float(np.median(times[0])) * 1e3
+    winners = []
+    for k, index in enumerate(tried, start=1):
+        change = changes[index]
+        change.ratio, wins = _verdict(paired_ratios(times[k], times[0]), min_gain)
+        if not _close(outputs[k], outputs[0]):
+            change.reason = "not kept: the model's output differs from the rule-based grouping's"
+        elif wins:
+            winners.append(index)
+        else:
+            change.reason = f"not kept: end to end x{change.ratio:.3f} (needs at most x{1 - min_gain:.3f} in the median round and a win in 3 rounds of 4)"
+    if not winners:
+        report.final_ms = report.base_ms
+        return rule_groups
+    winners.sort(key=lambda i: changes[i].ratio or 1.0)
+    chosen: list[int] = []
+    used: set[int] = set()
+    for index in winners:
+        if used.isdisjoint(changes[index].groups):
+            chosen.append(index)
+            used.update(changes[index].groups)
+        else:
+            changes[index].reason = (
+                f"not kept: x{changes[index].ratio:.3f}, but it merges a group a faster change already takes"
+            )
+    best = chosen[0]
+    final_groups = variants[best][0]
+    if len(chosen) > 1:
+        combined = _core.merge_fusion_groups(
+            graph_json, rule_groups, [site for i in chosen for site in changes[i].sites]
+        )
+        exes = [exes[0], exes[1 + tried.index(best)], _compile(mod, combined, db, target)]
+        times, outputs = time_interleaved(exes, inputs, rounds)
+        single, _ = _verdict(paired_ratios(times[1], times[0]), 0.0)
+        together, _ = _verdict(paired_ratios(times[2], times[0]), 0.0)
+        report.base_ms = float(np.median(times[0])) * 1e3
+        if together < single and _close(outputs[2], outputs[0]):
+            final_groups = combined
+            report.final_ms = float(np.median(times[2])) * 1e3
+        else:
+            report.final_ms = float(np.median(times[1])) * 1e3
+            for index in chosen[1:]:
+                changes[index].reason = (
+                    f"not kept: x{changes[index].ratio:.3f} alone, but with the best change the model "
+                    f"was x{together:.3f} against x{single:.3f} for the best alone"
+                )
+            chosen = [best]
+    else:
+        report.final_ms = report.base_ms * (changes[best].ratio or 1.0)
+    for index in chosen:
+        changes[index].kept = True
+        changes[index].reason = f"kept: end to end x{changes[index].ratio:.3f}"
+    return final_groups
+
+
+def _merge_runs(final: TuneResult, runs: list[TuneResult], t_start: float) -> None:
+    """The final result with the history, timing and failures of every run it took."""
+    history = []
+    offset = 0.0
+    for run in runs:
+        for rec in run.history:
+            rec.trial = len(history) + 1
+            rec.elapsed_s += offset
+            history.append(rec)
+        offset += run.timing.get("total", 0.0)
+    final.history = history
+    for key in ("search", "apply", "build", "run", "verify", "database", "model"):
+        final.timing[key] = sum(r.timing.get(key, 0.0) for r in runs) + final.timing.get(key, 0.0)
+    final.trials_measured = sum(r.trials_measured for r in runs)
+    final.failed = sum(r.failed for r in runs)
+    failures: dict[str, int] = {}
+    for run in runs:
+        for kind, count in run.failures.items():
+            failures[kind] = failures.get(kind, 0) + count
+    final.failures = failures
+    final.timing["fusion"] = time.perf_counter() - t_start - sum(final.timing[k] for k in final.timing if k != "total")
+    final.timing["total"] = time.perf_counter() - t_start
+
+
+def _print_changes(report: FusionReport) -> None:
+    import sys
+
+    for c in report.changes:
+        what = " + ".join("/".join(f) for f in c.functions)
+        print(f"fusion {c.kind:<10} {what}: {c.reason}", file=sys.stderr)
+
+
+def check_fusion_argument(fusion: str, mod: object) -> None:
+    """``fusion`` must be ``"rules"`` or ``"search"``, and search needs a Relax model."""
+    from fastsearch.relax_tasks import is_relax_module
+
+    if fusion not in ("rules", "search"):
+        raise ValueError(f"unknown fusion {fusion!r}; available: rules, search")
+    if fusion == "search" and not is_relax_module(mod):
+        raise UnsupportedWorkload("fusion='search' needs a Relax model (an IRModule with a Relax `main`)")
