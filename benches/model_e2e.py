@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tvm
 from fastsearch.measure import build_module
+from fastsearch.model_timing import time_interleaved
 from fastsearch.models import load_model, model_inputs
 from fastsearch.partition import prepare
 from fastsearch.target import physical_cores, resolve_target
@@ -99,25 +100,6 @@ def recompile(mod: tvm.IRModule, target: tvm.target.Target, work: Path, earlier:
     exe = ms.relax_integration.compile_relax(db, mod, target, None)
     keep = {k: earlier[k] for k in ("wall_s", "tasks", "estimate_us") if k in earlier}
     return {**keep, "exe": exe}
-
-
-def retime(
-    exes: list[Any], inputs: list[np.ndarray], repeat: int
-) -> tuple[list[list[float]], list[np.ndarray]]:
-    """Seconds per call of ``main`` of each executable (``repeat`` interleaved rounds of at least
-    200 ms each) and each one's output on ``inputs``."""
-    dev = tvm.cpu(0)
-    args = [tvm.runtime.tensor(a, dev) for a in inputs]
-    vms = [relax.VirtualMachine(exe, dev) for exe in exes]
-    outputs = [vm["main"](*args).numpy() for vm in vms]
-    timers = [vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=200) for vm in vms]
-    for timer in timers:
-        timer(*args)  # warm-up
-    results: list[list[float]] = [[] for _ in exes]
-    for _ in range(repeat):
-        for i, timer in enumerate(timers):
-            results[i].append(float(timer(*args).results[0]))
-    return results, outputs
 
 
 def report(res: dict) -> str:
@@ -208,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     untuned = tvm.compile(mod, target=target)
 
-    times, outputs = retime([untuned, fs["exe"], mst["exe"]], inputs, args.repeat)
+    times, outputs = time_interleaved([untuned, fs["exe"], mst["exe"]], inputs, args.repeat)
     ref = outputs[0]
     scale = float(np.abs(ref).max()) or 1.0
     res: dict[str, Any] = {

@@ -207,6 +207,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         runner=runner,
         task_scheduler=args.task_scheduler,
         warm_start=args.warm_start or None,
+        **({"fusion": "search", "fusion_share": args.fusion_share} if args.fusion == "search" else {}),
     )
     if result.warm_start is not None:
         w = result.warm_start
@@ -218,6 +219,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(summary(name, shape, result, flops))
     if result.is_relax:
         print(task_table(result))
+    if result.fusion is not None:
+        print(fusion_table(result.fusion))
     if args.history:
         print(f"history      {result.write_history(args.history)}")
     return 0
@@ -239,6 +242,26 @@ def task_table(result: Any) -> str:
             f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}"
         )
     lines.append(f"{'total (weighted)':<{width}}  {'':>6}  {'':>6}  {format_latency(total or None):>11}")
+    return "\n".join(lines)
+
+
+def fusion_table(report: Any) -> str:
+    """What ``--fusion search`` tried: each change, its trials, its end-to-end ratio, the verdict."""
+    lines = [
+        (
+            f"fusion       {len(report.kept)} of {len(report.changes)} changes kept; "
+            f"{report.trials_rules} trials on the rule grouping, {report.trials_changes} on changes"
+        )
+    ]
+    if report.base_ms is not None and report.final_ms is not None:
+        lines.append(
+            f"end to end   rule grouping {report.base_ms:.3f} ms, chosen {report.final_ms:.3f} ms "
+            f"(median of {report.rounds} interleaved rounds)"
+        )
+    for c in report.changes:
+        what = " + ".join("/".join(f) for f in c.functions)
+        sites = f" (x{len(c.sites)} sites)" if len(c.sites) > 1 else ""
+        lines.append(f"  {c.kind:<10} {what}{sites}: {c.reason}")
     return "\n".join(lines)
 
 
@@ -268,6 +291,8 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     parts = ", ".join(
         f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
     )
+    if "fusion" in t:  # compiling and timing the model with each fusion change
+        parts += f", fusion {t['fusion']:.1f}"
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
     lines.append(f"database     {result.database.path}")
     return "\n".join(lines)
@@ -324,6 +349,19 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="DIR",
         help="an earlier run's database directory (fastsearch's or MetaSchedule's) to start from; repeatable",
+    )
+    p.add_argument(
+        "--fusion",
+        choices=("rules", "search"),
+        default="rules",
+        help="a model's fused functions: FuseOps' rules (default), or search: also try prologue, "
+        "epilogue and horizontal fusion, each kept only when the model runs faster end to end",
+    )
+    p.add_argument(
+        "--fusion-share",
+        type=float,
+        default=0.25,
+        help="with --fusion search, the share of trials for the changes (default 0.25)",
     )
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")

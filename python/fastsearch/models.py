@@ -4,7 +4,8 @@ whole model without a model file, and for tests. ``MODELS`` maps each name to a 
 ``resnet-tiny`` and ``mlp-tiny`` are deliberately tiny (tuning one takes a minute on a laptop)
 and repeat identical layers, so the task deduplication shows: ``resnet-tiny`` has two identical
 basic blocks, ``mlp-tiny`` three identical hidden layers. ``resnet-18`` is the real network at
-224x224 (random weights), the end-to-end benchmark's model.
+224x224 (random weights), the end-to-end benchmark's model; ``bert-layer`` one BERT encoder layer
+(sequence 128, hidden 256), whose attention moves data between layouts with transposes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tvm.relax import op as R
 
 from fastsearch.errors import UnsupportedWorkload
 
-__all__ = ["MODELS", "load_model", "mlp", "model_inputs", "resnet18", "resnet_tiny"]
+__all__ = ["MODELS", "bert_layer", "load_model", "mlp", "model_inputs", "resnet18", "resnet_tiny"]
 
 
 def _weight(rng: np.random.Generator, *shape: int) -> relax.Expr:
@@ -89,6 +90,44 @@ def resnet18(size: int = 224, classes: int = 1000, seed: int = 0) -> tvm.IRModul
     return bb.get()
 
 
+def bert_layer(seq: int = 128, hidden: int = 256, heads: int = 4, seed: int = 0) -> tvm.IRModule:
+    """One BERT encoder layer at batch 1 (Devlin et al. 2019): query, key and value projections,
+    scaled dot-product attention over ``heads`` heads (reshape and transpose into heads and
+    back), the output projection with a residual add and layer norm, then a GELU feed-forward
+    layer of 4x ``hidden`` with a residual add and layer norm."""
+    rng = np.random.default_rng(seed)
+    data = relax.Var("data", relax.TensorType((1, seq, hidden), "float32"))
+    head_dim = hidden // heads
+    bb = relax.BlockBuilder()
+    with bb.function("main", [data]):
+        with bb.dataflow():
+
+            def dense(x: relax.Expr, cin: int, cout: int) -> relax.Expr:
+                w = (rng.standard_normal((cin, cout)) / np.sqrt(cin)).astype("float32")
+                return bb.emit(R.add(bb.emit(R.matmul(x, relax.const(w))), _weight(rng, cout)))
+
+            def split_heads(x: relax.Expr) -> relax.Expr:
+                x = bb.emit(R.reshape(x, (1, seq, heads, head_dim)))
+                return bb.emit(R.permute_dims(x, [0, 2, 1, 3]))
+
+            def layer_norm(x: relax.Expr) -> relax.Expr:
+                gamma = relax.const(np.ones(hidden, "float32"))
+                return bb.emit(R.nn.layer_norm(x, gamma, _weight(rng, hidden), axes=[-1]))
+
+            q = split_heads(dense(data, hidden, hidden))
+            k = split_heads(dense(data, hidden, hidden))
+            v = split_heads(dense(data, hidden, hidden))
+            scores = bb.emit(R.matmul(q, bb.emit(R.permute_dims(k, [0, 1, 3, 2]))))
+            scores = bb.emit(R.divide(scores, relax.const(float(np.sqrt(head_dim)), "float32")))
+            ctx = bb.emit(R.matmul(bb.emit(R.nn.softmax(scores, axis=-1)), v))
+            ctx = bb.emit(R.reshape(bb.emit(R.permute_dims(ctx, [0, 2, 1, 3])), (1, seq, hidden)))
+            x = layer_norm(bb.emit(R.add(dense(ctx, hidden, hidden), data)))
+            h = bb.emit(R.nn.gelu(dense(x, hidden, 4 * hidden)))
+            out = bb.emit_output(layer_norm(bb.emit(R.add(dense(h, 4 * hidden, hidden), x))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def mlp(features: int = 64, hidden_layers: int = 3, classes: int = 10, seed: int = 0) -> tvm.IRModule:
     """Dense layers with bias and ReLU (``hidden_layers`` identical ones), then a classifier."""
     rng = np.random.default_rng(seed)
@@ -111,6 +150,7 @@ MODELS: dict[str, Callable[[], tvm.IRModule]] = {
     "resnet-tiny": resnet_tiny,
     "mlp-tiny": mlp,
     "resnet-18": resnet18,
+    "bert-layer": bert_layer,
 }
 
 

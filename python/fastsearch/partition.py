@@ -33,6 +33,7 @@ __all__ = [
     "OpGraph",
     "extract_graph",
     "fuse",
+    "fusion_proposals",
     "group_module",
     "partition",
     "partition_groups",
@@ -196,6 +197,22 @@ def _check_groups(graph: OpGraph, groups: list[list[int]]) -> None:
         for i in spec["inputs"]:  # type: ignore[attr-defined]
             if group_of[i] > group_of[node]:
                 raise MalformedInput(f"fusion group {group_of[node]} comes before group {group_of[i]}, which it reads")
+
+
+def fusion_proposals(
+    mod: tvm.IRModule,
+    max_fuse_depth: int = DEFAULT_MAX_FUSE_DEPTH,
+    func_name: str = "main",
+) -> list[tuple[str, list[list[str]]]]:
+    """Changes to the rule-based grouping that FuseOps never makes, as ``fusion="search"``
+    tries them: ``(kind, groups)`` with kind ``"prologue"``, ``"epilogue"`` or
+    ``"horizontal"`` and the merged groups as :func:`partition` names them."""
+    graph = extract_graph(prepare(mod), func_name)
+    groups = partition_groups(graph, max_fuse_depth)
+    found = []
+    for kind, merged in _core.fusion_proposals(graph.to_json(), groups, max_fuse_depth):
+        found.append((kind, [[c for i in groups[g] if (c := graph.callee[i]) is not None] for g in merged]))
+    return found
 
 
 def _rebuild(expr: relax.Expr, remap: dict[relax.Var, relax.Expr]) -> relax.Expr:
