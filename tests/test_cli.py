@@ -79,6 +79,7 @@ def test_default_work_dir_is_under_the_current_directory(tmp_path):
         (("tune", "--workload", "GMM:17"), "GMM has shapes 0..3"),
         (("tune", "--workload", "GMM", "--target", '{"kind": "nope"}'), "InvalidTarget"),
         (("tune", "--workload", "GMM", "--target", "llvm -mcpu=skylake"), "llvm -mcpu=skylake"),
+        (("tune", "--workload", "GMM", "--fusion", "search"), "needs a Relax model"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message, tmp_path):

@@ -137,3 +137,15 @@ def test_fusion_search_tunes_the_slowest_changes_and_keeps_only_measured_wins(tm
     got = vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
     np.testing.assert_allclose(got, _run(prepare(mod), inputs), rtol=1e-3, atol=1e-3)
     assert result.timing["fusion"] > 0 and len(result.history) == 48
+
+
+def test_changes_that_cannot_save_enough_get_no_trials(tmp_path: Path) -> None:
+    mod = bert_layer()
+    # No copy kernel is 90% of the model: every trial goes to the rule grouping.
+    result = fastsearch.tune(mod, trials=24, work_dir=tmp_path, fusion="search", fusion_min_gain=0.9, progress=False)
+    report = result.fusion
+    assert report is not None
+    assert report.trials_rules == 24 and report.trials_changes == 0 and result.trials_measured == 24
+    assert report.groups == partition_groups(extract_graph(prepare(mod)))
+    assert all(c.reason.startswith("not tried: the kernels it removes") for c in report.changes)
+    assert all(c.removed_us is not None and c.removed_us > 0 for c in report.changes)

@@ -10,9 +10,11 @@ proposes changes the rules never make (``fastsearch_core::partition::proposals``
 * ``horizontal``: two reductions reading the same tensor (a ResNet downsampling block's 3x3
   convolution and its 1x1 projection) become one function with two outputs.
 
-Each change makes new fused functions; the changes that remove the slowest kernels (as the
-rule-based run measured them) get the rest of the trials, split evenly, to tune their new
-functions into the same database. The model is then compiled with and without each change and
+Each change makes new fused functions. A change can save at most the time of the kernels it
+removes (as the rule-based run measured them); one that cannot save ``min_gain`` of the model
+gets no trials. The others, slowest removed kernels first, each get as many trials as the
+functions they replace got (at least 16), from the reserved share, to tune their new functions
+into the same database; what is left of the share goes back to the rule grouping. The model is then compiled with and without each change and
 timed end to end in interleaved rounds; a change is kept only when the model with it is faster
 in the median round by at least ``min_gain`` and in three rounds of four. Kept changes that do
 not touch the same groups are combined, and the combination is kept only if it beats the best
@@ -170,17 +172,44 @@ def tune_searching_fusion(
     report.trials_rules = base.trials_measured
     histories = [base]
 
-    # Rank by what a change can save: the fastest kernel it removes, as the rule-based run timed it.
+    # Rank by what a change can save at most: the fastest kernel it removes, as the rule-based
+    # run timed it. One that cannot save min_gain of the model can never be kept: no trials.
+    wanted: dict[int, int] = {}
     for index, (_, tasks, _) in variants.items():
-        changes[index].removed_us = _removed_us(rule_tasks, tasks, base)
-    ranked = sorted(variants, key=lambda i: -(changes[i].removed_us or 0.0))
-    n_try = min(len(ranked), max(1, reserve // MIN_TRIALS_PER_CHANGE)) if reserve else 0
-    for index in ranked[n_try:]:
-        changes[index].reason = f"not tried: the budget covered the {n_try} changes that remove the slowest kernels"
+        changes[index].removed_us, wanted[index] = _removed(rule_tasks, tasks, base)
+    bar_us = min_gain * (base.best_latency_us or 0.0)
+    ranked = []
+    for index in sorted(variants, key=lambda i: -(changes[i].removed_us or 0.0)):
+        removed = changes[index].removed_us or 0.0
+        if removed < bar_us:
+            changes[index].reason = (
+                f"not tried: the kernels it removes take {removed:.1f} us, less than the "
+                f"{100 * min_gain:g}% of the model ({bar_us:.1f} us) a change must save"
+            )
+        else:
+            ranked.append(index)
+    # Each change gets as many trials as the functions it replaces got (at least
+    # MIN_TRIALS_PER_CHANGE), slowest removed kernels first, while the reserve lasts; what is
+    # left of it goes back to the rule grouping.
+    budgets: dict[int, int] = {}
+    left = reserve
+    for index in ranked:
+        budget = min(left, max(MIN_TRIALS_PER_CHANGE, wanted[index]))
+        if budget < MIN_TRIALS_PER_CHANGE and budgets:
+            changes[index].reason = (
+                f"not tried: the {reserve} trials for changes went to the {len(budgets)} that remove "
+                "the slowest kernels"
+            )
+            continue
+        budgets[index] = budget
+        left -= budget
+    if left:
+        more = tune(mod, trials=trials - reserve + left, work_dir=wdir, name=name, **options)
+        report.trials_rules += more.trials_measured
+        histories.append(more)
     tried: list[int] = []
-    for rank, index in enumerate(ranked[:n_try]):
+    for index, budget in budgets.items():
         change = changes[index]
-        budget = reserve // n_try + (1 if rank < reserve % n_try else 0)
         _, _, new = variants[index]
         if new:
             funcs = IRModule({t.name: t.func for t in new})
@@ -216,16 +245,20 @@ def _same(task: ModelTask, other: ModelTask) -> bool:
     return bool(structural_equal(_normalize_mod(task.func), _normalize_mod(other.func)))
 
 
-def _removed_us(rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult) -> float | None:
-    """Time the fastest rule-based kernel that runs fewer times with the change takes per
-    inference at the places the change removes it."""
+def _removed(rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult) -> tuple[float | None, int]:
+    """What the change removes: the time per inference of the fastest rule-based kernel that
+    runs fewer times with it (at the places it is removed from), and the mean number of trials
+    the rule-based run gave the tasks it removes."""
     removed = []
+    trials = []
     for rule in rule_tasks:
         remaining = sum(t.weight for t in tasks if _same(t, rule))
-        best = base.tasks[rule.name].best_latency_us if rule.name in base.tasks else None
-        if remaining < rule.weight and best is not None:
-            removed.append(best * (rule.weight - remaining))
-    return min(removed) if removed else None
+        result = base.tasks.get(rule.name)
+        if remaining < rule.weight and result is not None:
+            trials.append(result.trials)
+            if result.best_latency_us is not None:
+                removed.append(result.best_latency_us * (rule.weight - remaining))
+    return (min(removed) if removed else None), (round(sum(trials) / len(trials)) if trials else 0)
 
 
 def _compile(mod: IRModule, groups: list[list[int]], db: TuningDatabase, target: tvm.target.Target) -> Any:
