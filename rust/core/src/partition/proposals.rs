@@ -153,11 +153,11 @@ pub fn proposals(graph: &Graph, partition: &Partition, max_fuse_depth: usize) ->
                 .flat_map(|&n| graph.node(n).inputs.iter().copied())
                 .filter(|&i| partition.group_of[i] != g)
                 .collect();
-            for other in g + 1..groups.len() {
+            for (other, members) in groups.iter().enumerate().skip(g + 1) {
                 if !gg.is_reduction(other) || !fits(g, other) {
                     continue;
                 }
-                let shares = groups[other]
+                let shares = members
                     .iter()
                     .any(|&n| graph.node(n).inputs.iter().any(|i| reads.contains(i)));
                 if shares && !gg.reaches(g, other) {
