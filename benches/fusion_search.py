@@ -15,10 +15,7 @@ search against the same rule-based run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -30,8 +27,9 @@ import tvm
 from fastsearch.model_timing import paired_ratios, time_interleaved
 from fastsearch.models import load_model, model_inputs
 from fastsearch.partition import partition
-from fastsearch.target import physical_cores, resolve_target
+from fastsearch.target import resolve_target
 from fastsearch.tune import tune
+from run_meta import run_metadata
 
 
 def run(model: str, target: tvm.target.Target, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -171,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "trials": args.trials,
         "seed": args.seed,
         "share": args.share,
-        "target": str(target),
-        "host": f"{platform.machine()}, {physical_cores()} physical cores",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load": os.getloadavg(),
-        "command": "python benches/fusion_search.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        **run_metadata("fusion_search.py", target, argv),
     }
     results = []
     for model in args.models:

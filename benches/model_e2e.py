@@ -13,10 +13,7 @@ on random inputs, and re-timed here in interleaved rounds with one ``time_evalua
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -29,8 +26,9 @@ from fastsearch.measure import build_module
 from fastsearch.model_timing import time_interleaved
 from fastsearch.models import load_model, model_inputs
 from fastsearch.partition import prepare
-from fastsearch.target import physical_cores, resolve_target
+from fastsearch.target import resolve_target
 from fastsearch.tune import tune
+from run_meta import run_metadata
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
@@ -197,11 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "trials": args.trials,
         "seed": args.seed,
-        "target": str(target),
-        "host": f"{platform.machine()}, {physical_cores()} physical cores",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load": os.getloadavg(),
-        "command": "python benches/model_e2e.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        **run_metadata("model_e2e.py", target, argv),
     }
     for name, r, t, o in zip(("untuned", "fastsearch", "metaschedule"), ({}, fs, mst), times, outputs):
         entry = {k: v for k, v in r.items() if k != "exe"}
