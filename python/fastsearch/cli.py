@@ -258,10 +258,7 @@ def fusion_table(report: Any) -> str:
             f"end to end   rule grouping {report.base_ms:.3f} ms, chosen {report.final_ms:.3f} ms "
             f"(median of {report.rounds} interleaved rounds)"
         )
-    for c in report.changes:
-        what = " + ".join("/".join(f) for f in c.functions)
-        sites = f" (x{len(c.sites)} sites)" if len(c.sites) > 1 else ""
-        lines.append(f"  {c.kind:<10} {what}{sites}: {c.reason}")
+    lines += [f"  {c.summary()}" for c in report.changes]
     return "\n".join(lines)
 
 

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tvm
 from tvm.ir import IRModule
-from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_equal
 
 from fastsearch import _core
@@ -40,7 +39,7 @@ from fastsearch.database import TuningDatabase
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.model_timing import paired_ratios, time_interleaved
 from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, extract_graph, partition_groups, prepare
-from fastsearch.relax_tasks import ModelTask, apply_database, extract_tasks
+from fastsearch.relax_tasks import ModelTask, apply_database, extract_tasks, is_relax_module
 
 if TYPE_CHECKING:
     from fastsearch.tune import TuneResult
@@ -74,6 +73,12 @@ class FusionChange:
     ratio: float | None = None
     kept: bool = False
     reason: str = ""
+
+    def summary(self) -> str:
+        """One line: the kind, the merged functions, the number of sites and the verdict."""
+        what = " + ".join("/".join(f) for f in self.functions)
+        sites = f" (x{len(self.sites)} sites)" if len(self.sites) > 1 else ""
+        return f"{self.kind:<10} {what}{sites}: {self.reason}"
 
 
 @dataclass
@@ -127,7 +132,7 @@ def tune_searching_fusion(
     changes: list[FusionChange] = []
     variants: dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]] = {}
     for kind, groups in _core.fusion_proposals(graph_json, rule_groups, DEFAULT_MAX_FUSE_DEPTH):
-        functions = [[c for i in rule_groups[g] if (c := graph.callee[i]) is not None] for g in groups]
+        functions = [graph.callees(rule_groups[g]) for g in groups]
         change = FusionChange(kind=kind, groups=list(groups), functions=functions, sites=[list(groups)])
         if len({graph.block_of[rule_groups[g][0]] for g in groups}) > 1:
             change.reason = "not tried: the groups are in different dataflow blocks"
@@ -242,7 +247,7 @@ def tune_searching_fusion(
 
 
 def _same(task: ModelTask, other: ModelTask) -> bool:
-    return bool(structural_equal(_normalize_mod(task.func), _normalize_mod(other.func)))
+    return bool(structural_equal(task.normalized, other.normalized))
 
 
 def _removed(rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult) -> tuple[float | None, int]:
@@ -387,14 +392,11 @@ def _print_changes(report: FusionReport) -> None:
     import sys
 
     for c in report.changes:
-        what = " + ".join("/".join(f) for f in c.functions)
-        print(f"fusion {c.kind:<10} {what}: {c.reason}", file=sys.stderr)
+        print(f"fusion {c.summary()}", file=sys.stderr)
 
 
 def check_fusion_argument(fusion: str, mod: object) -> None:
     """``fusion`` must be ``"rules"`` or ``"search"``, and search needs a Relax model."""
-    from fastsearch.relax_tasks import is_relax_module
-
     if fusion not in ("rules", "search"):
         raise ValueError(f"unknown fusion {fusion!r}; available: rules, search")
     if fusion == "search" and not is_relax_module(mod):

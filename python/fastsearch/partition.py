@@ -58,6 +58,10 @@ class OpGraph:
     def to_json(self) -> str:
         return json.dumps({"nodes": self.nodes})
 
+    def callees(self, nodes: list[int]) -> list[str]:
+        """The PrimFuncs the ``call_tir`` bindings among ``nodes`` call, in order."""
+        return [c for i in nodes if (c := self.callee[i]) is not None]
+
 
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """The module as FuseOps sees it in TVM's pipeline: legalized, PrimFuncs annotated with
@@ -171,7 +175,7 @@ def partition(
     graph = extract_graph(prepare(mod), func_name)
     names = []
     for group in partition_groups(graph, max_fuse_depth):
-        callees = [graph.callee[i] for i in group if graph.callee[i] is not None]
+        callees = graph.callees(group)
         if callees:
             names.append(callees)
     return names
@@ -211,7 +215,7 @@ def fusion_proposals(
     groups = partition_groups(graph, max_fuse_depth)
     found = []
     for kind, merged in _core.fusion_proposals(graph.to_json(), groups, max_fuse_depth):
-        found.append((kind, [[c for i in groups[g] if (c := graph.callee[i]) is not None] for g in merged]))
+        found.append((kind, [graph.callees(groups[g]) for g in merged]))
     return found
 
 
@@ -345,7 +349,7 @@ def group_module(
         if not outputs:
             continue  # dead code, as FuseOps drops it
         group_func, args = _group_function(bindings, outputs)
-        callees = [graph.callee[i] for i in members if graph.callee[i] is not None]
+        callees = graph.callees(members)
         gvar = builder.add_func(group_func, "fused_" + "_".join(callees or ["group"]))
         call = relax.Call(gvar, args)
         if len(outputs) == 1:

@@ -28,13 +28,15 @@ _CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace")
 class ModelTask:
     """One distinct fused PrimFunc of a model: ``name`` (its first function's name), the
     PrimFunc, its ``weight`` (calls per inference), every function of the module it stands for,
-    and why it is not tuned (``skip``, ``None`` when it is)."""
+    and why it is not tuned (``skip``, ``None`` when it is). ``normalized`` is the PrimFunc as
+    MetaSchedule normalizes it (the database's key; what structural comparisons use)."""
 
     name: str
     func: tvm.tirx.PrimFunc
     weight: int
     functions: list[str] = field(default_factory=list)
     skip: str | None = None
+    normalized: IRModule | None = field(default=None, repr=False)
 
 
 def is_relax_module(mod: object) -> bool:
@@ -137,7 +139,7 @@ def extract_tasks(
             twin.weight += counts[name]
             twin.functions.append(name)
             continue
-        task = ModelTask(name=name, func=func, weight=counts[name], functions=[name])
+        task = ModelTask(name=name, func=func, weight=counts[name], functions=[name], normalized=normalized)
         task.skip = _skip_reason(func, name)
         bucket.append((normalized, task))
         tasks.append(task)
