@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -103,10 +104,12 @@ def recompile(mod: tvm.IRModule, target: tvm.target.Target, work: Path, earlier:
 def report(res: dict) -> str:
     fs, ms_ = res["fastsearch"], res["metaschedule"]
     paired = paired_ratios(fs["times_s"], ms_["times_s"])  # rounds share the machine's state
+    reused = res.get("metaschedule_reused_from")
     lines = [
         (
             f"Model `{res['model']}`, {res['trials']} trials each, seed {res['seed']}; target "
             f"`{res['target']}`; host {res['host']}; {res['date']}."
+            + (f" MetaSchedule's database and tuning figures are those of `{reused}`." if reused else "")
         ),
         "",
         (
@@ -171,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         help="no tuning: compile both tuners' databases in --out-dir again (TVM's pipeline and "
         "MetaScheduleApplyDatabase for both) and re-time; tuning figures kept from result.json",
     )
+    parser.add_argument(
+        "--reuse-metaschedule",
+        default=None,
+        metavar="DIR",
+        help="tune fastsearch only; MetaSchedule's database and tuning figures are copied from this "
+        "earlier model_e2e.py --out-dir (same model, trials and seed)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -185,10 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"fastsearch: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
         fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
-        print(f"MetaSchedule: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-        mst = run_metaschedule(
-            mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_trials_per_iter
-        )
+        if args.reuse_metaschedule:
+            src = Path(args.reuse_metaschedule)
+            shutil.copytree(src / "metaschedule_work", out / "metaschedule_work", dirs_exist_ok=True)
+            earlier = json.loads((src / "result.json").read_text())
+            mst = recompile(mod, target, out / "metaschedule_work", earlier["metaschedule"])
+        else:
+            print(f"MetaSchedule: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
+            mst = run_metaschedule(
+                mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_trials_per_iter
+            )
     untuned = tvm.compile(mod, target=target)
 
     times, outputs = time_interleaved([untuned, fs["exe"], mst["exe"]], inputs, args.repeat)
@@ -200,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         **run_metadata("model_e2e.py", target, argv),
     }
+    if args.reuse_metaschedule:
+        res["metaschedule_reused_from"] = str(args.reuse_metaschedule)
     for name, r, t, o in zip(("untuned", "fastsearch", "metaschedule"), ({}, fs, mst), times, outputs):
         entry = {k: v for k, v in r.items() if k != "exe"}
         entry["times_s"] = t
