@@ -11,9 +11,17 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.search import MIN_RECORDS, ModelGuidedSampler, SearchState
+from fastsearch.search import (
+    MIN_RECORDS,
+    WARM_MODEL_WEIGHT,
+    ModelGuidedSampler,
+    SearchState,
+    SiblingRecords,
+    anchor_distance,
+    anchor_extents,
+)
 from fastsearch.tir_import import program_json
-from workloads import small
+from workloads import matmul, matmul_relu, small, softmax
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
@@ -181,3 +189,85 @@ def test_analytical_model_waits_on_short_fma_chains_only_without_independent_wor
     a, b, c = _core.analytical_scores(program, 2, 64, [one_chain, eight_vectors, overlapped])
     assert b - a == pytest.approx(np.log(8 / (9 / 8)), rel=0.05)
     assert c - a == pytest.approx(np.log(8 / 2), rel=0.05)
+
+
+def test_anchor_of_a_fused_function_is_its_reduction():
+    assert anchor_extents(program_json(matmul(32))) == ("SSR", [32, 32, 32])
+    relu = anchor_extents(program_json(matmul_relu(32)))
+    assert anchor_distance(anchor_extents(program_json(matmul(32))), relu) == 0.0
+    assert anchor_distance(relu, anchor_extents(program_json(matmul(64)))) == pytest.approx(1.0)
+    assert anchor_distance(relu, anchor_extents(program_json(softmax()))) == float("inf")
+
+
+def test_sibling_tasks_train_each_others_models():
+    """A task with no records of its own starts from a model trained on its siblings' records,
+    weighted by anchor distance; an operator of another kind learns nothing from them."""
+    siblings = SiblingRecords()
+    history: dict[str, float] = {}
+    first = ModelGuidedSampler(
+        matmul(32), TARGET, "evolutionary", lambda: history.items(), population=64, siblings=siblings, name="mm"
+    )
+    for r in range(2):
+        cands = first(matmul(32), TARGET, 8, r, set(history))
+        history.update((c.key, _fake_latency(c.key)) for c in cands)
+    assert len(history) >= MIN_RECORDS
+
+    relu = ModelGuidedSampler(
+        matmul_relu(32), TARGET, "evolutionary", {}.items, siblings=siblings, name="mm_relu"
+    )
+    model_json, weight, seeds = relu._train({})
+    assert model_json is not None and seeds == []
+    assert weight == WARM_MODEL_WEIGHT
+    assert relu.model.trained_on == len(history)
+    rows, labels, weights = siblings.training("mm_relu", 2, 64)
+    assert len(rows) == len(labels) == len(history)
+    np.testing.assert_allclose(weights, 1.0)  # the same matmul with another epilogue
+    assert labels.max() == 1.0
+
+    ModelGuidedSampler(matmul(64), TARGET, "evolutionary", {}.items, siblings=siblings, name="mm64")
+    far = siblings.training("mm64", 2, 64)
+    assert far is not None
+    np.testing.assert_allclose(far[2], np.exp(-2.0))  # twice the extents: distance 1
+
+    ModelGuidedSampler(softmax(), TARGET, "evolutionary", {}.items, siblings=siblings, name="softmax")
+    assert siblings.training("softmax", 2, 64) is None
+
+    alone = ModelGuidedSampler(matmul_relu(32), TARGET, "evolutionary", {}.items)
+    assert alone._train({}) == (None, 0.0, [])
+
+
+def test_siblings_with_the_same_anchor_share_their_best_candidates():
+    """The best of a sibling computing the same matmul is carried over block by block and
+    measured in the task's next batch (one per batch); other shapes share no candidates."""
+    siblings = SiblingRecords()
+    history: dict[str, float] = {}
+    first = ModelGuidedSampler(
+        matmul(32), TARGET, "evolutionary", lambda: history.items(), population=64, siblings=siblings, name="mm"
+    )
+    cands = first(matmul(32), TARGET, 8, 0, set())
+    history.update((c.key, _fake_latency(c.key)) for c in cands)
+    relu = ModelGuidedSampler(
+        matmul_relu(32), TARGET, "evolutionary", {}.items, population=64, siblings=siblings, name="mm_relu"
+    )
+    moved = siblings.transfers("mm_relu")
+    assert 1 <= len(moved) <= 2
+    best = min((lat, k) for k, lat in history.items())[1]  # ties go to the smaller key
+    genome = json.loads(first.genomes[best])
+    assert json.loads(moved[0][1])["tiles"] == genome["tiles"]  # same extents: same tiles
+    batch = relu(matmul_relu(32), TARGET, 4, 0, set())
+    assert batch[0].key == moved[0][0]
+    assert sum(c.key in {k for k, _ in moved} for c in batch) == 1
+    ModelGuidedSampler(matmul(64), TARGET, "evolutionary", {}.items, siblings=siblings, name="mm64")
+    assert siblings.transfers("mm64") == []
+
+
+def test_sibling_genomes_carry_over_only_between_the_same_anchor():
+    src, dst = program_json(matmul(32)), program_json(matmul_relu(32))
+    genomes = [g for _, g in _core.sample_genomes(src, 2, 64, 16, 0)]
+    moved = _core.transfer_sibling_genomes(src, dst, genomes)
+    assert sum(m is not None for m in moved) >= len(genomes) // 2
+    for m, g in zip(moved, genomes, strict=True):
+        if m is not None:
+            assert json.loads(m[1])["tiles"] == json.loads(g)["tiles"]
+    assert all(m is None for m in _core.transfer_sibling_genomes(src, program_json(softmax()), genomes))
+    assert _core.transfer_sibling_genomes(src, dst, ["not a genome"]) == [None]

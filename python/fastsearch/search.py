@@ -9,6 +9,7 @@ then replays the proposals with its postprocessors; the measured results retrain
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +34,12 @@ WARM_POOL = 8
 #: say of a model trained on the latter before the task has records of its own.
 OWN_RECORD_WEIGHT = 3.0
 WARM_MODEL_WEIGHT = 0.5
+#: How fast a sibling task's records lose weight with the distance between the two tasks'
+#: anchor blocks, and the weight below which they are left out.
+SIBLING_DISTANCE_DECAY = 2.0
+MIN_SIBLING_WEIGHT = 0.05
+#: Best candidates of each sibling with the same anchor that are carried over and measured.
+SIBLING_SEEDS = 2
 
 STRATEGIES = ("evolutionary", "annealing")
 
@@ -54,6 +61,8 @@ class ModelGuidedSampler:
         generations: int | None = None,
         state: SearchState | None = None,
         warm: TaskWarmStart | None = None,
+        siblings: SiblingRecords | None = None,
+        name: str = "main",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
@@ -75,39 +84,50 @@ class ModelGuidedSampler:
         self.timing = {"model": 0.0, "search": 0.0}
         self.warm = warm
         self.rounds = 0
+        self.name = name
+        self.siblings = siblings
+        if siblings is not None:
+            siblings.register(name, self.program, history, self.genomes)
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
 
     def _train(self, measured: dict[str, float]) -> tuple[str | None, float, list[str]]:
         """Retrains on the measured candidates we know the genome of (and a warm start's records
-        of other shapes); returns (model, weight, seeds)."""
+        of other shapes, and the run's sibling tasks' records); returns (model, weight, seeds)."""
         known = [(k, lat) for k, lat in measured.items() if k in self.genomes]
         known.sort(key=lambda kv: kv[1])
         seeds = [self.genomes[k] for k, lat in known if np.isfinite(lat)]
-        warm = self.warm.sketch_training(self.cores, self.vector_bytes) if self.warm is not None else None
-        if warm is None and (len(known) < MIN_RECORDS or not seeds):
+        t0 = time.perf_counter()
+        # Records of other shapes (a warm start's databases, this run's sibling tasks): rows
+        # computed on their own programs, labelled within their own task.
+        others = []
+        if self.warm is not None:
+            others.append(self.warm.sketch_training(self.cores, self.vector_bytes))
+        if self.siblings is not None:
+            others.append(self.siblings.training(self.name, self.cores, self.vector_bytes))
+        other = [o for o in others if o is not None]
+        if not other and (len(known) < MIN_RECORDS or not seeds):
             if self.saved_model is not None:  # a model saved by an earlier run starts us warm
                 model_json, trained_on = self.saved_model
                 return model_json, min(1.0, trained_on / FULL_WEIGHT_RECORDS), seeds
             return None, 0.0, seeds
-        t0 = time.perf_counter()
         rows = _core.sketch_feature_rows(
             self.program, self.cores, self.vector_bytes, [self.genomes[k] for k, _ in known]
         )
         labels = CostModel.labels(np.array([lat for _, lat in known]))
         weights = np.ones(len(known))
         weight = min(1.0, len(labels) / FULL_WEIGHT_RECORDS)
-        if warm is not None:
-            # Records of other shapes train alongside the task's own, which weigh more; the
-            # analytical estimate keeps half the say until the task has records of its own.
-            warm_rows, warm_labels, warm_weights = warm
+        if other:
+            # They train alongside the task's own records, which weigh more; the analytical
+            # estimate keeps half the say until the task has records of its own.
+            other_rows = np.concatenate([o[0] for o in other])
             if known:
-                rows = np.concatenate([warm_rows, np.asarray(rows).reshape(len(known), -1)])
+                rows = np.concatenate([other_rows, np.asarray(rows).reshape(len(known), -1)])
             else:
-                rows = warm_rows
-            labels = np.concatenate([warm_labels, labels])
-            weights = np.concatenate([warm_weights, np.full(len(known), OWN_RECORD_WEIGHT)])
+                rows = other_rows
+            labels = np.concatenate([o[1] for o in other] + [labels])
+            weights = np.concatenate([o[2] for o in other] + [np.full(len(known), OWN_RECORD_WEIGHT)])
             weight = WARM_MODEL_WEIGHT + (1.0 - WARM_MODEL_WEIGHT) * min(
                 1.0, len(known) / FULL_WEIGHT_RECORDS
             )
@@ -141,6 +161,8 @@ class ModelGuidedSampler:
                 # No genomes to train the search's own model on: the per-store model re-ranks.
                 valid = sum(1 for lat in measured.values() if np.isfinite(lat))
                 warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
+        if self.siblings is not None and len(first) < n:
+            first.extend(self._sibling_seed(known, {c.key for c in first if isinstance(c, Candidate)}))
         self.rounds += 1
         want = n - len(first)
         pool = want * WARM_POOL if warm_weight > 0 else want
@@ -177,6 +199,22 @@ class ModelGuidedSampler:
                 out.append(Candidate(key, sch))
         return out
 
+    def _sibling_seed(self, known: dict[str, float], taken: set[str]) -> list[Candidate]:
+        """At most one candidate per batch: the best of a sibling task with the same anchor (the
+        same convolution with another epilogue), carried over, when not measured here yet."""
+        assert self.siblings is not None
+        for key, genome in self.siblings.transfers(self.name):
+            if key in known or key in taken:
+                continue
+            sch = replay(self.base, key, self.postprocessor)
+            if sch is None:
+                continue
+            self.genomes[key] = genome
+            if self.state is not None:
+                self.state.add_genomes([(key, genome)])
+            return [Candidate(key, sch)]
+        return []
+
     def _warm_seeds(self, pending: list[tuple[str, str]], n: int) -> list[Candidate | tvm.s_tir.Trace]:
         """The first batch's share of warm-start seeds: same-workload traces, then refitted ones."""
         assert self.warm is not None
@@ -206,6 +244,111 @@ class ModelGuidedSampler:
         by_model[np.argsort(-predicted, kind="stable")] = np.arange(len(proposals))
         blended = warm_weight * by_model + (1.0 - warm_weight) * np.arange(len(proposals))
         return [proposals[i] for i in np.argsort(blended, kind="stable")]
+
+
+def anchor_extents(program: str) -> tuple[str, list[int]] | None:
+    """The anchor block of fastsearch's program model (JSON): the block with a reduction and
+    the largest iteration space, else the largest block. Returns its iteration kinds ("SSSSRRR")
+    and extents; None for a program without blocks."""
+    blocks = [b for b in json.loads(program).get("blocks", []) if b.get("iter_vars")]
+    if not blocks:
+        return None
+
+    def size(b: dict) -> tuple[bool, int]:
+        kinds = [iv["kind"] for iv in b["iter_vars"]]
+        return ("R" in kinds, math.prod(int(iv["extent"]) for iv in b["iter_vars"]))
+
+    anchor = max(blocks, key=size)
+    return "".join(iv["kind"] for iv in anchor["iter_vars"]), [int(iv["extent"]) for iv in anchor["iter_vars"]]
+
+
+def anchor_distance(a: tuple[str, list[int]] | None, b: tuple[str, list[int]] | None) -> float:
+    """Mean ``|log2|`` ratio of two anchors' extents (0: the same computation, whatever is fused
+    around it); ``inf`` when their iteration kinds differ."""
+    if a is None or b is None or a[0] != b[0]:
+        return math.inf
+    ratios = [abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a[1], b[1], strict=True)]
+    return sum(ratios) / len(ratios) if ratios else 0.0
+
+
+class _Sibling:
+    def __init__(self, program: str, history: History, genomes: dict[str, str]) -> None:
+        self.program = program
+        self.history = history
+        self.genomes = genomes
+        self.anchor = anchor_extents(program)
+        self.rows: dict[tuple[int, int, str], np.ndarray] = {}  # sketch feature rows, by key
+        self.moved: dict[tuple[str, str], tuple[str, str] | None] = {}  # (to task, key) -> refit
+
+
+class SiblingRecords:
+    """The records of every task of one tuning run, so that each task's model also learns from
+    its siblings' (as MetaSchedule's one cost model learns from all of a model's tasks), and
+    a task measures the best candidates of siblings that compute the very same anchor.
+
+    A sibling's measured candidates whose genome is known train the task's model with rows
+    computed on the sibling's own program, labels relative to the sibling's best, and a weight
+    ``exp(-SIBLING_DISTANCE_DECAY x anchor distance)``: the same convolution with another
+    epilogue weighs 1, other shapes of it less, other operators nothing."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, _Sibling] = {}
+
+    def register(self, name: str, program: str, history: History, genomes: dict[str, str]) -> None:
+        """Add a task; ``genomes`` is the sampler's own dict, which grows as it proposes."""
+        self.tasks[name] = _Sibling(program, history, genomes)
+
+    def training(self, name: str, cores: int, vector_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(rows, labels, weights) of the siblings of task ``name``; None when none has a
+        measured record near enough."""
+        mine = self.tasks[name]
+        rows, labels, weights = [], [], []
+        for other_name in sorted(self.tasks):
+            other = self.tasks[other_name]
+            if other is mine:
+                continue
+            w = math.exp(-SIBLING_DISTANCE_DECAY * min(anchor_distance(mine.anchor, other.anchor), 50.0))
+            if w < MIN_SIBLING_WEIGHT:
+                continue
+            known = [(k, lat) for k, lat in other.history() if k in other.genomes]
+            if not any(math.isfinite(lat) for _, lat in known):
+                continue
+            todo = [k for k, _ in known if (cores, vector_bytes, k) not in other.rows]
+            if todo:
+                new = _core.sketch_feature_rows(
+                    other.program, cores, vector_bytes, [other.genomes[k] for k in todo]
+                )
+                for k, row in zip(todo, np.asarray(new).reshape(len(todo), -1), strict=True):
+                    other.rows[(cores, vector_bytes, k)] = row
+            rows.append(np.stack([other.rows[(cores, vector_bytes, k)] for k, _ in known]))
+            labels.append(CostModel.labels(np.array([lat for _, lat in known])))
+            weights.append(np.full(len(known), w))
+        if not rows:
+            return None
+        return np.concatenate(rows), np.concatenate(labels), np.concatenate(weights)
+
+    def transfers(self, name: str) -> list[tuple[str, str]]:
+        """(key, genome) on task ``name`` of the ``SIBLING_SEEDS`` best measured candidates of
+        each sibling with the very same anchor, carried over block by block
+        (``_core.transfer_sibling_genomes``): every sibling's best first, then the next."""
+        mine = self.tasks[name]
+        ranked: list[list[tuple[str, str]]] = []
+        for other_name in sorted(self.tasks):
+            other = self.tasks[other_name]
+            if other is mine or anchor_distance(mine.anchor, other.anchor) != 0.0:
+                continue
+            best = sorted(
+                ((lat, k) for k, lat in other.history() if k in other.genomes and math.isfinite(lat)),
+            )[:SIBLING_SEEDS]
+            todo = [k for _, k in best if (name, k) not in other.moved]
+            if todo:
+                moved = _core.transfer_sibling_genomes(
+                    other.program, mine.program, [other.genomes[k] for k in todo]
+                )
+                for k, m in zip(todo, moved, strict=True):
+                    other.moved[(name, k)] = m
+            ranked.append([m for _, k in best if (m := other.moved[(name, k)]) is not None])
+        return [r[i] for i in range(SIBLING_SEEDS) for r in ranked if i < len(r)]
 
 
 class SearchState:

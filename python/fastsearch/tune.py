@@ -247,11 +247,22 @@ def _resolve_sampler(strategy: str | Sampler, warm: WarmStart | None = None) -> 
 
         return make_random
     if strategy in STRATEGIES:
-        from fastsearch.search import ModelGuidedSampler, SearchState
+        from fastsearch.search import ModelGuidedSampler, SearchState, SiblingRecords
+
+        siblings = SiblingRecords()  # one per run: each task's model also learns from the others'
 
         def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            cache: dict[str, Any] = {}
+
             def history() -> list[tuple[str, float]]:
-                return [(k, math.inf if s is None else s) for k, s in _stored_results(db, task)]
+                # Read again only when the task has new records: siblings ask on every batch.
+                count = len(db.measured_keys(task.workload))
+                if cache.get("count") != count:
+                    cache["count"] = count
+                    cache["history"] = [
+                        (k, math.inf if s is None else s) for k, s in _stored_results(db, task)
+                    ]
+                return list(cache["history"])
 
             from fastsearch.tir_import import program_json
 
@@ -263,6 +274,8 @@ def _resolve_sampler(strategy: str | Sampler, warm: WarmStart | None = None) -> 
                 postprocessor=task.post,
                 state=SearchState(db.path, task.name),
                 warm=warm.for_task(task.func, program_json(task.func)) if warm is not None else None,
+                siblings=siblings,
+                name=task.name,
             )
 
         return make_guided

@@ -236,6 +236,34 @@ fn transfer_genomes(
     })
 }
 
+/// Genomes found on a sibling program (the same anchor with other fused elementwise blocks)
+/// carried over to this one, blocks matched by name: `(key, genome JSON)` of each, or `None`
+/// where it does not carry over.
+#[pyfunction]
+fn transfer_sibling_genomes(
+    py: Python<'_>,
+    source_program_json: String,
+    program_json: String,
+    genomes: Vec<String>,
+) -> PyResult<Vec<Option<(String, String)>>> {
+    guarded(py, "transfer_sibling_genomes", move || {
+        let source = Program::from_json(&source_program_json)?;
+        let program = Program::from_json(&program_json)?;
+        let space = SketchSpace::new(&program);
+        Ok(genomes
+            .par_iter()
+            .map(|text| {
+                let genome: Genome = serde_json::from_str(text).ok()?;
+                let moved = sketch::transfer_from_sibling(&source, &program, &space, &genome)?;
+                Some((
+                    sketch::emit(&program, &space, &moved).to_string(),
+                    genome_json(&moved),
+                ))
+            })
+            .collect())
+    })
+}
+
 /// The analytical model's scores (higher is better) of candidates given as genome JSON.
 #[pyfunction]
 fn analytical_scores(
@@ -462,6 +490,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(propose, m)?)?;
     m.add_function(wrap_pyfunction!(sketch_feature_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer_sibling_genomes, m)?)?;
     m.add_function(wrap_pyfunction!(forest_predict, m)?)?;
     m.add(
         "SKETCH_FEATURE_NAMES",

@@ -26,7 +26,7 @@ pub use analysis::{analyze, BlockInfo};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
-pub use transfer::{refit_factors, transfer};
+pub use transfer::{refit_factors, transfer, transfer_from_sibling};
 
 use crate::program::{Expr, IterKind, Program};
 use crate::rng::Rng;

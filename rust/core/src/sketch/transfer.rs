@@ -6,8 +6,13 @@
 //! carries over between shapes), each to the divisor of what is left nearest to the old factor
 //! in ratio; the outermost level takes the rest. A genome whose blocks do not match the program,
 //! or whose trace the schedule engine refuses there, does not carry over.
+//!
+//! [`transfer_from_sibling`] carries a genome between two programs whose blocks differ: the same
+//! convolution fused with another epilogue (ResNet's block with and without the residual add).
+//! Blocks are matched by name; a block only the source has must have been inlined there, and a
+//! block only the target has must be one every candidate inlines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{emit, Genome, Rule, SketchSpace, WriteCache, MAX_INNERMOST_FACTOR, UNROLL_CANDIDATES};
 use crate::program::{IterKind, Program};
@@ -153,6 +158,62 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
         trace::apply_trace(&mut st, &t, true)
     });
     replayed.ok().map(|_| out)
+}
+
+/// `genome`, found on `source`, carried over to `program` (see the module's documentation), or
+/// `None` when a block it schedules has no namesake in `program`, `program` has a block of its
+/// own that candidates do not always inline, or [`transfer`] refuses the result.
+pub fn transfer_from_sibling(
+    source: &Program,
+    program: &Program,
+    space: &SketchSpace,
+    genome: &Genome,
+) -> Option<Genome> {
+    let index: HashMap<&str, usize> = program
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.name.as_str(), i))
+        .collect();
+    let map =
+        |b: usize| -> Option<usize> { index.get(source.blocks.get(b)?.name.as_str()).copied() };
+    let mut rules = BTreeMap::new();
+    for (&block, rule) in &genome.rules {
+        let Some(to) = map(block) else {
+            if *rule == Rule::Inline {
+                continue; // an epilogue block the target does not have
+            }
+            return None;
+        };
+        let moved = match rule {
+            Rule::ComputeAt { host, depth } => Rule::ComputeAt {
+                host: map(*host)?,
+                depth: *depth,
+            },
+            Rule::Tile {
+                cache: WriteCache::FusedConsumer(c),
+                level,
+            } => Rule::Tile {
+                cache: WriteCache::FusedConsumer(map(*c)?),
+                level: *level,
+            },
+            other => other.clone(),
+        };
+        rules.insert(to, moved);
+    }
+    for &block in &space.inlined {
+        rules.entry(block).or_insert(Rule::Inline);
+    }
+    let mut tiles = BTreeMap::new();
+    for (&block, loops) in &genome.tiles {
+        tiles.insert(map(block)?, loops.clone());
+    }
+    let moved = Genome {
+        rules,
+        tiles,
+        ..genome.clone()
+    };
+    transfer(program, space, &moved)
 }
 
 #[cfg(test)]
