@@ -222,18 +222,31 @@ fn transfer_genomes(
     guarded(py, "transfer_genomes", move || {
         let program = Program::from_json(&program_json)?;
         let space = SketchSpace::new(&program);
-        Ok(genomes
-            .par_iter()
-            .map(|text| {
-                let genome: Genome = serde_json::from_str(text).ok()?;
-                let moved = sketch::transfer(&program, &space, &genome)?;
-                Some((
-                    sketch::emit(&program, &space, &moved).to_string(),
-                    genome_json(&moved),
-                ))
-            })
-            .collect())
+        Ok(carry_over(&program, &space, &genomes, |g| {
+            sketch::transfer(&program, &space, g)
+        }))
     })
+}
+
+/// `(key, genome JSON)` on `program` of each genome JSON that `moved` carries over (in
+/// parallel, in input order); `None` where it does not, or where the JSON is not a genome.
+fn carry_over(
+    program: &Program,
+    space: &SketchSpace,
+    genomes: &[String],
+    moved: impl Fn(&Genome) -> Option<Genome> + Sync,
+) -> Vec<Option<(String, String)>> {
+    genomes
+        .par_iter()
+        .map(|text| {
+            let genome: Genome = serde_json::from_str(text).ok()?;
+            let out = moved(&genome)?;
+            Some((
+                sketch::emit(program, space, &out).to_string(),
+                genome_json(&out),
+            ))
+        })
+        .collect()
 }
 
 /// Genomes found on a sibling program (the same anchor with other fused elementwise blocks)
@@ -250,17 +263,9 @@ fn transfer_sibling_genomes(
         let source = Program::from_json(&source_program_json)?;
         let program = Program::from_json(&program_json)?;
         let space = SketchSpace::new(&program);
-        Ok(genomes
-            .par_iter()
-            .map(|text| {
-                let genome: Genome = serde_json::from_str(text).ok()?;
-                let moved = sketch::transfer_from_sibling(&source, &program, &space, &genome)?;
-                Some((
-                    sketch::emit(&program, &space, &moved).to_string(),
-                    genome_json(&moved),
-                ))
-            })
-            .collect())
+        Ok(carry_over(&program, &space, &genomes, |g| {
+            sketch::transfer_from_sibling(&source, &program, &space, g)
+        }))
     })
 }
 
