@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(e2e, model, args.repeat, args.worker, Path(args.worker_out))
         return 0
 
+    from fastsearch.model_timing import paired_ratios
     from fastsearch.target import resolve_target
 
     target = resolve_target(None)
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             run = json.loads(path.read_text())
             t = run["times_s"]
             med = {n: statistics.median(t[n]) * 1e3 for n in TUNERS}
-            paired = sorted(a / b for a, b in zip(t["fastsearch"], t["metaschedule"], strict=True))
+            paired = paired_ratios(t["fastsearch"], t["metaschedule"])
             run.update(
                 median_ms=med,
                 ratio=med["fastsearch"] / med["metaschedule"],

@@ -22,22 +22,19 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+from fastsearch.database import mean_run_secs
+from fastsearch.measure import random_arguments
 from fastsearch.target import resolve_target
 from tvm.s_tir import meta_schedule as ms
 from tvm_ffi import structural_equal
 
 
 def _args(func: tvm.tirx.PrimFunc, dev: tvm.runtime.Device) -> list:
-    rng = np.random.default_rng(0)
-    out = []
-    for info in ms.arg_info.ArgInfo.from_prim_func(func):
-        shape = [int(d) for d in info.shape]
-        out.append(tvm.runtime.tensor(rng.uniform(-1, 1, shape).astype(str(info.dtype)), dev))
-    return out
+    return [tvm.runtime.tensor(a, dev) for a in random_arguments(ms.arg_info.ArgInfo.from_prim_func(func))]
 
 
 def _mean_us(record: object) -> float:
-    return float(np.mean([float(s) for s in record.run_secs])) * 1e6  # type: ignore[attr-defined]
+    return mean_run_secs([float(s) for s in record.run_secs]) * 1e6  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:

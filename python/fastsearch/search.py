@@ -22,7 +22,7 @@ from fastsearch import _core
 from fastsearch.cost_model import CostModel
 from fastsearch.sample import Candidate, Postprocessor, base_schedule, num_cores, replay, vector_bytes
 from fastsearch.tir_import import program_json
-from fastsearch.warm_start import SEED_SHARE, TaskWarmStart
+from fastsearch.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
 
 #: Records needed before the learned model is used at all, and until it takes over fully.
 MIN_RECORDS = 8
@@ -267,8 +267,7 @@ def anchor_distance(a: tuple[str, list[int]] | None, b: tuple[str, list[int]] | 
     around it); ``inf`` when their iteration kinds differ."""
     if a is None or b is None or a[0] != b[0]:
         return math.inf
-    ratios = [abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a[1], b[1], strict=True)]
-    return sum(ratios) / len(ratios) if ratios else 0.0
+    return mean_log2_ratio(a[1], b[1])
 
 
 class _Sibling:

@@ -277,7 +277,12 @@ def shape_distance(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> float:
     sa, sb = shapes(a), shapes(b)
     if len(sa) != len(sb) or any(len(x) != len(y) for x, y in zip(sa, sb)):
         return math.inf
-    ratios = [abs(math.log2(max(x, 1) / max(y, 1))) for xs, ys in zip(sa, sb) for x, y in zip(xs, ys)]
+    return mean_log2_ratio([x for xs in sa for x in xs], [y for ys in sb for y in ys])
+
+
+def mean_log2_ratio(a: Sequence[int], b: Sequence[int]) -> float:
+    """Mean ``|log2(x / y)|`` over paired extents (each at least 1); 0 when there are none."""
+    ratios = [abs(math.log2(max(x, 1) / max(y, 1))) for x, y in zip(a, b, strict=True)]
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
