@@ -4,8 +4,11 @@ Each (workload, seed) is one run: both tuners, one after the other in this proce
 target (host CPU with ``mcpu`` and ``num-cores``), the same number of measured trials and the same
 seed, each in a fresh work directory. For every checkpoint in ``--trials`` (e.g. 64 and 256, read
 off one run of the largest), the best record of each tuner among its first N measured is compiled
-from its database and the two kernels are re-timed here, interleaved, with one ``time_evaluator``
-setting, so the ratio does not depend on how either tuner measured while tuning.
+from its database and the two kernels are re-timed together, interleaved, with one
+``time_evaluator`` setting, so the ratio does not depend on how either tuner measured while
+tuning. The re-timing runs in ``--retime-processes`` fresh processes (:mod:`kernel_retime`):
+one process's memory placement alone can move a kernel by 2x, so the figure is the median of
+the per-process ratios. ``--retime`` re-times the runs already in ``--out-dir`` this way.
 
 Also recorded per run: both tuning curves (best latency against trials and against wall time),
 wall times, fastsearch's time breakdown, MetaSchedule's profiler scopes (its EvoSearch scopes are
@@ -45,7 +48,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_gmm import retime, run_metaschedule
+from compare_gmm import run_metaschedule
+from kernel_retime import retime_in_processes, summarize
 
 #: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
 DEFAULT_WORKLOADS = ["GMM:2", "C1D:2", "C2D:1", "C2D:3", "DEP:1", "CBR:1", "TBG:0", "SFM:0"]
@@ -124,6 +128,7 @@ def run_one(
     earlier: dict[str, Any] | None = None,
     keep: Path | None = None,
     earlier_db: Path | None = None,
+    processes: int = 4,
 ) -> dict[str, Any]:
     """One run; with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
     is not tuned again: its curve and profile are taken from that run, and its database from
@@ -191,9 +196,7 @@ def run_one(
             "metaschedule_tuned_us": _mean_us(ms_best) if ms_best else None,
         }
         if fs_best and ms_best:
-            times = retime([_compile(fs_best, target), _compile(ms_best, target)], func, repeat)
-            entry["fastsearch_retimed_us"] = statistics.median(times[0]) * 1e6
-            entry["metaschedule_retimed_us"] = statistics.median(times[1]) * 1e6
+            entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes))
         # parity: fastsearch's best during tuning reaches MetaSchedule's final (at n) best
         target_us = entry["metaschedule_tuned_us"]
         entry["parity"] = None
@@ -207,6 +210,63 @@ def run_one(
         result["checkpoints"][str(n)] = entry
     result["load"] = [load_start, os.getloadavg()[0]]
     return result
+
+
+def _retime_pair(
+    fs_best: ms.database.TuningRecord,
+    ms_best: ms.database.TuningRecord,
+    func: Any,
+    target: tvm.target.Target,
+    repeat: int,
+    processes: int,
+) -> dict[str, Any]:
+    """Both bests compiled, then timed together in ``processes`` fresh processes
+    (:mod:`kernel_retime`): medians over processes and the median per-process ratio."""
+    libs = [_compile(fs_best, target), _compile(ms_best, target)]
+    out = summarize(retime_in_processes(libs, func, repeat, processes))
+    out["retime_processes"] = processes
+    out["retime_rounds"] = repeat
+    return out
+
+
+def retime_runs(out_dir: Path, repeat: int, processes: int) -> None:
+    """Re-time every run JSON in ``out_dir`` from its two databases (still in its ``work_dir``, or
+    MetaSchedule's kept copy), in fresh processes; earlier figures stay under
+    ``single_process``."""
+    target = resolve_target(None)
+    for path in sorted(out_dir.glob("run_*.json")):
+        run = json.loads(path.read_text())
+        if all(c.get("retime_processes") == processes for c in run["checkpoints"].values()):
+            continue
+        work = Path(run["work_dir"])
+        kept = out_dir / "metaschedule" / path.stem
+        ms_dir = kept if kept.exists() else work / "metaschedule"
+        if not (work / "fastsearch").exists():
+            print(f"{path.name}: {work / 'fastsearch'} is gone; not re-timed", file=sys.stderr)
+            continue
+        func = load_workload(run["workload"]).func
+        fs_records = _records_in_order(work / "fastsearch", func)
+        ms_records = _records_in_order(ms_dir, func)
+        for n, entry in run["checkpoints"].items():
+            fs_best, ms_best = _best_within(fs_records, int(n)), _best_within(ms_records, int(n))
+            if not (fs_best and ms_best):
+                continue
+            if "retime_processes" not in entry:
+                entry["single_process"] = {
+                    k: entry.get(k) for k in ("fastsearch_retimed_us", "metaschedule_retimed_us")
+                }
+            entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes))
+        path.write_text(json.dumps(run, indent=1))
+        cp = run["checkpoints"][max(run["checkpoints"], key=int)]
+        print(f"{path.name}: ratio {_ratio(cp):.3f}", file=sys.stderr, flush=True)
+
+
+def _ratio(entry: dict[str, Any]) -> float:
+    """A checkpoint's latency ratio: the median per-process ratio when re-timed in several
+    processes (older runs: the one process's ratio of medians)."""
+    if entry.get("retimed_ratio"):
+        return float(entry["retimed_ratio"])
+    return entry["fastsearch_retimed_us"] / entry["metaschedule_retimed_us"]
 
 
 def _tune_metaschedule(
@@ -290,7 +350,7 @@ def report(out_dir: Path) -> str:
             ]
             if not ok:
                 continue
-            ratios = [c["fastsearch_retimed_us"] / c["metaschedule_retimed_us"] for _, c in ok]
+            ratios = [_ratio(c) for _, c in ok]
             wl_ratio = _geomean(ratios)
             all_ratios.append(wl_ratio)
             walls = []
@@ -410,7 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trials", nargs="+", type=int, default=[64], help="checkpoints; one run of the largest"
     )
-    parser.add_argument("--repeat", type=int, default=5, help="interleaved repeats when re-timing")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved rounds per re-timing process")
+    parser.add_argument(
+        "--retime-processes", type=int, default=4, help="fresh processes re-timing each pair of bests"
+    )
+    parser.add_argument(
+        "--retime",
+        action="store_true",
+        help="re-time the runs already in --out-dir from their databases in fresh processes, then report",
+    )
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--report", action="store_true", help="only aggregate the runs in --out-dir")
     parser.add_argument(
@@ -422,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not args.report:
+    if args.retime:
+        retime_runs(out_dir, args.repeat, args.retime_processes)
+    elif not args.report:
         for seed in args.seeds:
             for wl in args.workloads:
                 path = out_dir / f"run_{wl.replace(':', '_')}_s{seed}_t{max(args.trials)}.json"
@@ -440,14 +510,24 @@ def main(argv: list[str] | None = None) -> int:
                     kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
                     earlier_db = kept if kept.exists() else None
                 keep = out_dir / "metaschedule" / path.stem
-                res = run_one(wl, seed, sorted(args.trials), args.repeat, work, earlier, keep, earlier_db)
+                res = run_one(
+                    wl,
+                    seed,
+                    sorted(args.trials),
+                    args.repeat,
+                    work,
+                    earlier,
+                    keep,
+                    earlier_db,
+                    args.retime_processes,
+                )
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)
                 path.write_text(json.dumps(res, indent=1))
                 cp = res["checkpoints"][str(max(args.trials))]
                 if cp.get("fastsearch_retimed_us"):
                     print(
-                        f"  ratio {cp['fastsearch_retimed_us'] / cp['metaschedule_retimed_us']:.3f}, wall "
+                        f"  ratio {_ratio(cp):.3f}, wall "
                         f"{res['fastsearch']['wall_s']:.0f} s vs {res['metaschedule']['wall_s']:.0f} s",
                         file=sys.stderr,
                         flush=True,
