@@ -21,6 +21,8 @@ from tvm.s_tir.meta_schedule.testing import te_workload
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 TARGET = resolve_target(None)
+#: Without the final round, which may store a runner-up again (tested on its own below).
+NO_FINAL = MeasureConfig(final_candidates=0)
 
 
 def gmm():
@@ -44,7 +46,7 @@ def _stored(work_dir) -> list[list]:
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("gmm")
-    return work, tune(gmm(), TARGET, trials=8, seed=0, work_dir=work, progress=False)
+    return work, tune(gmm(), TARGET, trials=8, seed=0, work_dir=work, progress=False, measure=NO_FINAL)
 
 
 def test_tune_finds_a_correct_kernel(first_run):
@@ -83,7 +85,7 @@ def test_resume_continues_without_measuring_again(first_run, tmp_path):
     copy.mkdir()
     for f in work.iterdir():
         copy.joinpath(f.name).write_bytes(f.read_bytes())
-    again = tune(gmm(), TARGET, trials=12, seed=0, work_dir=copy, progress=False)
+    again = tune(gmm(), TARGET, trials=12, seed=0, work_dir=copy, progress=False, measure=NO_FINAL)
     assert again.trials_measured == 4  # the 8 stored count toward the 12
     rows = _stored(copy)
     assert len(rows) == 12
@@ -124,7 +126,7 @@ def test_failed_and_wrong_candidates_are_recorded_and_the_search_goes_on(tmp_pat
             return [_impossible_trace(f), _imprecise_trace(f)]
         return sample_candidates(f, target, n, seed, exclude)
 
-    result = tune(func, TARGET, trials=5, work_dir=tmp_path, strategy=sampler, batch_size=3)
+    result = tune(func, TARGET, trials=5, work_dir=tmp_path, strategy=sampler, batch_size=3, measure=NO_FINAL)
     assert result.trials_measured == 5
     first, second = result.history[0], result.history[1]
     assert first.error is not None and "LocalBuilder" in first.error
@@ -198,7 +200,9 @@ class _Recorder:
 
 def test_strategy_feedback_and_warm_start(tmp_path):
     first = _Recorder()
-    result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, strategy=first, batch_size=2, progress=False)
+    result = tune(
+        gmm(), TARGET, trials=4, work_dir=tmp_path, strategy=first, batch_size=2, progress=False, measure=NO_FINAL
+    )
     assert [len(u) for u in first.updates] == [2, 2]
     reported = [item for u in first.updates for item in u]
     db = TuningDatabase(tmp_path)
@@ -208,7 +212,58 @@ def test_strategy_feedback_and_warm_start(tmp_path):
         assert secs is not None and secs * 1e6 == pytest.approx(h.latency_us)
 
     second = _Recorder()
-    tune(gmm(), TARGET, trials=6, work_dir=tmp_path, strategy=second, batch_size=2, progress=False)
+    tune(gmm(), TARGET, trials=6, work_dir=tmp_path, strategy=second, batch_size=2, progress=False, measure=NO_FINAL)
     assert sorted(second.updates[0]) == sorted(reported)  # warm start with the stored records
     assert [len(u) for u in second.updates] == [4, 2]
     assert result.timing["model"] >= 0
+
+
+def _naive_trace(func):
+    """The function's own loops: one thread, no vectorization (a trace TVM keeps needs an
+    instruction)."""
+    sch = Schedule(_normalize_mod(func))
+    sch.get_sblock("Z")
+    return sch.trace
+
+
+def test_final_round_replaces_a_lucky_best(tmp_path):
+    """A best whose measurement was lucky loses the final round to a runner-up timed side by
+    side with it, which then is what TVM compiles from the database.
+
+    The luck is written into the database: the naive loops' record says 1 us."""
+    func = gmm()
+    naive = _naive_trace(func)
+
+    def sampler(f, target, n, seed, exclude):
+        return [naive] + sample_candidates(f, target, n - 1, seed, exclude)
+
+    tune(func, TARGET, trials=3, work_dir=tmp_path, strategy=sampler, progress=False, measure=NO_FINAL)
+    rows = _stored(tmp_path)
+    db = TuningDatabase(tmp_path)
+    workload = db.commit_workload(_normalize_mod(func))
+    keys = [candidate_key(ms.database.TuningRecord.from_json(r[1], workload).trace) for r in rows]
+    lucky = keys.index(candidate_key(naive))
+    rows[lucky][1][1] = [1e-6]
+    (tmp_path / RECORD_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    result = tune(func, TARGET, trials=5, work_dir=tmp_path, progress=False)
+    assert result.trials_measured == 2
+    final = result.tasks["main"].final
+    assert final is not None and final.rounds == MeasureConfig().final_rounds
+    assert len(final.ratios) == MeasureConfig().final_candidates - 1 and final.chosen is not None
+    assert final.ratios[final.chosen] == min(final.ratios) < 0.5  # against the naive loops
+    assert "final" in result.timing and len(result.history) == 2  # no trial
+    # The winner is stored again at the lucky best's time scaled by its ratio: TVM's pick too.
+    assert result.best_latency_us == pytest.approx(final.ratios[final.chosen], rel=1e-4)
+    chosen = ms.tir_integration.compile_tir(ms.database.JSONDatabase(work_dir=str(tmp_path)), func, TARGET)
+    assert candidate_key(chosen.trace) == candidate_key(result.best_trace) != candidate_key(naive)
+    _check_gmm(result)
+    # A resumed run counts candidates, not records: the stored five are all of its trials.
+    again = tune(func, TARGET, trials=5, work_dir=tmp_path, progress=False)
+    assert again.trials_measured == 0 and len(_stored(tmp_path)) == 6
+
+
+def test_final_round_off(tmp_path):
+    result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, progress=False, measure=NO_FINAL)
+    assert result.tasks["main"].final is None and "final" not in result.timing
+    assert len(_stored(tmp_path)) == 4

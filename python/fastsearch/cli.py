@@ -288,9 +288,22 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     parts = ", ".join(
         f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
     )
+    if "final" in t:  # each task's best and runners-up built again and timed side by side
+        parts += f", final {t['final']:.1f}"
     if "fusion" in t:  # compiling and timing the model with each fusion change
         parts += f", fusion {t['fusion']:.1f}"
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
+    finals = [(n, t.final) for n, t in result.tasks.items() if getattr(t, "final", None) is not None]
+    if len(finals) == 1 and not getattr(result, "is_relax", False):
+        final = finals[0][1]
+        runners = ", ".join(f"x{r:.3f}" for r in final.ratios)
+        verdict = (
+            "the best stayed" if final.chosen is None else f"runner-up {final.chosen + 1} became the best"
+        )
+        lines.append(f"final round  runners-up side by side with the best: {runners}; {verdict}")
+    elif finals:
+        changed = sum(1 for _, f in finals if f.chosen is not None)
+        lines.append(f"final round  {len(finals)} tasks, a runner-up became the best in {changed}")
     lines.append(f"database     {result.database.path}")
     return "\n".join(lines)
 

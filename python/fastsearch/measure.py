@@ -105,6 +105,11 @@ class MeasureConfig:
     over all runs. A kernel's time here moves by up to 50% from one run to the next with where
     its arguments land in memory (a 5-run C1D kernel: 331, 371, 389, 523, 478 us), so one lucky
     run would otherwise make a best that is not.
+
+    ``final_candidates``: when a task's trials are done, its best that many records are built
+    again and timed side by side (:meth:`Measurer.side_by_side`) in ``final_rounds`` interleaved
+    rounds; a challenger that beats the best in the mean of its per-round ratios (and computes
+    the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
     """
 
     number: int = 1
@@ -117,6 +122,8 @@ class MeasureConfig:
     cooldown_s: float = 0.0
     build_func: Callable | None = None
     confirm_runs: int = 2
+    final_candidates: int = 4
+    final_rounds: int = 5
 
     def evaluator_config(self) -> EvaluatorConfig:
         """The MetaSchedule :class:`EvaluatorConfig` of this configuration."""
@@ -344,16 +351,9 @@ class Measurer:
         except ChildProcessError:
             raise CandidateFault("run crash", "the worker process running it died") from None
 
-    def measure(
-        self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]
-    ) -> list[MeasureResult]:
-        """Build all ``mods`` in parallel, then time each one that built.
-
-        ``args_info`` describes the arguments of the ``main`` function (the same for every
-        candidate of a workload). Artifacts stay on disk (``artifact_path``) until :meth:`release`.
-        """
-        if not mods:
-            return []
+    def build(self, mods: Sequence[IRModule]) -> list[MeasureResult]:
+        """Build all ``mods`` in parallel: a result with ``artifact_path`` (until :meth:`release`)
+        or the build's error, per module."""
         t0 = time.perf_counter()
         try:
             built = self.builder.build([BuilderInput(mod, self.target) for mod in mods])
@@ -363,7 +363,6 @@ class Measurer:
         self.build_seconds += time.perf_counter() - t0
 
         results: list[MeasureResult] = []
-        to_run: list[int] = []
         for i in range(len(mods)):
             if built is None:
                 results.append(MeasureResult(error=build_error, failure=_failure_kind("build", build_error)))
@@ -374,7 +373,51 @@ class Measurer:
                 results.append(MeasureResult(error=msg, failure=_failure_kind("build", msg)))
             else:
                 results.append(MeasureResult(artifact_path=str(res.artifact_path)))
-                to_run.append(i)
+        return results
+
+    def side_by_side(
+        self, artifact_paths: Sequence[str], arrays: Sequence[np.ndarray], rounds: int, entry: str = "main"
+    ) -> list[list[float]]:
+        """Seconds per call of each built candidate, timed in ``rounds`` interleaved rounds (every
+        other round in reverse order) on the same ``arrays`` in one worker process of their own.
+
+        Candidates timed together share the process's memory placement and the machine's state
+        of the moment, which move a kernel's time by tens of percent from one measurement to
+        the next here; side by side, what is left is mostly their difference.
+        Raises :class:`CandidateFault` if the worker crashes or hangs.
+        """
+        from tvm.support.popen_pool import PopenWorker
+
+        if self._isolated is None:
+            self._isolated = PopenWorker()
+        timeout = self.config.run_timeout_s * len(artifact_paths) * (rounds + 1)  # warm-up + rounds
+        t0 = time.perf_counter()
+        self._isolated.send(
+            _time_side_by_side,
+            (list(artifact_paths), list(arrays), entry, self.device_type, rounds, self.config.min_repeat_ms),
+            timeout=timeout,
+        )
+        try:
+            return [list(row) for row in self._isolated.recv()]
+        except TimeoutError:
+            raise CandidateFault("run timeout", f"killed after {timeout:.0f} seconds") from None
+        except ChildProcessError:
+            raise CandidateFault("run crash", "the worker process running them died") from None
+        finally:
+            self.run_seconds += time.perf_counter() - t0
+
+    def measure(
+        self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]
+    ) -> list[MeasureResult]:
+        """Build all ``mods`` in parallel, then time each one that built.
+
+        ``args_info`` describes the arguments of the ``main`` function (the same for every
+        candidate of a workload). Artifacts stay on disk (``artifact_path``) until :meth:`release`.
+        """
+        if not mods:
+            return []
+        results = self.build(mods)
+        to_run = [i for i, res in enumerate(results) if res.artifact_path is not None]
 
         t0 = time.perf_counter()
         info = list(args_info)
@@ -461,6 +504,27 @@ def random_arguments(args_info: Sequence[ms.arg_info.ArgInfo], seed: int = 0) ->
             arr = rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
         arrays.append(arr)
     return arrays
+
+
+def _time_side_by_side(
+    paths: list[str], arrays: list[np.ndarray], entry: str, dev_type: str, rounds: int, min_repeat_ms: int
+) -> list[list[float]]:
+    """Worker side of :meth:`Measurer.side_by_side`."""
+    dev = tvm.runtime.device(dev_type, 0)
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    timers = []
+    for path in paths:
+        timer = tvm.runtime.load_module(path).time_evaluator(
+            entry, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms
+        )
+        timer(*args)  # warm-up
+        timers.append(timer)
+    times: list[list[float]] = [[] for _ in paths]
+    for r in range(rounds):
+        order = range(len(paths)) if r % 2 == 0 else reversed(range(len(paths)))
+        for i in order:
+            times[i].append(float(timers[i](*args).results[0]))
+    return times
 
 
 def plain_args_info(info: ms.arg_info.ArgInfo) -> tuple[str, str, list[int]]:

@@ -107,6 +107,23 @@ class TaskResult:
     weight: int = 1  # calls per run of the model (a Relax model's repeated layers share a task)
     skipped: str | None = None  # why a Relax model's fused function is not tuned
     functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
+    final: FinalRound | None = None  # the best and its runners-up timed side by side at the end
+
+
+@dataclass
+class FinalRound:
+    """A task's final round: its best ``len(ratios) + 1`` records built again and timed side by
+    side in ``rounds`` interleaved rounds (:meth:`fastsearch.measure.Measurer.side_by_side`).
+
+    ``ratios`` holds each runner-up's mean per-round time over the best's, in the database's
+    order; ``chosen`` is the index in ``ratios`` of the runner-up that became the best (``None``
+    when the best stayed). A chosen runner-up is stored again with the best's mean run time
+    scaled by its per-round ratios, so that TVM's ``get_top_k`` and ``compile_tir`` pick it too.
+    """
+
+    rounds: int
+    ratios: list[float]
+    chosen: int | None = None
 
 
 @dataclass
@@ -119,7 +136,8 @@ class TuneResult:
     record). ``tasks`` gives each task's weight, trials and best (for a Relax model also the
     skipped ones, with ``skipped`` saying why). ``timing`` holds seconds
     spent in ``search`` (candidate sampling), ``apply`` (trace replay and postprocessing in TVM),
-    ``build``, ``run``, ``verify``, ``database``, ``model`` and ``total``. ``failures`` counts
+    ``build``, ``run``, ``verify``, ``database``, ``model``, ``final`` (each task's final round,
+    :class:`FinalRound`: its best records built again and timed side by side) and ``total``. ``failures`` counts
     this run's failed candidates per kind (``"build error"``, ``"run timeout"``, ``"run crash"``,
     ``"wrong answer"``, ...: :data:`fastsearch.measure.FAILURE_KINDS`); ``repairs`` lists what
     was repaired in the database on load (a torn last line of a killed run).
@@ -533,7 +551,7 @@ def tune(
 
     history: list[TrialRecord] = []
     stored = {
-        t.name: len(db.records(t.workload)) + len(apply_failures.keys.get(_wl_id(t), ())) for t in tasks
+        t.name: len(db.measured_keys(t.workload)) + len(apply_failures.keys.get(_wl_id(t), ())) for t in tasks
     }
     for t in tasks:
         t.result.trials_stored = stored[t.name]
@@ -632,6 +650,13 @@ def tune(
                 if task.result.trials_measured >= todo[ti]:
                     scheduler.deactivate(ti)
                 bar.update(advance=len(batch), best_us=overall_best_us(), failed=n_failed)
+            if measurer is not None and runner is None and measurer.config.final_candidates > 1:
+                t0 = time.perf_counter()
+                built_s, run_s = measurer.build_seconds, measurer.run_seconds
+                for ti in runs:
+                    tasks[ti].result.final = _final_round(tasks[ti], tgt, db, measurer, verify, rtol, atol)
+                measurer.build_seconds, measurer.run_seconds = built_s, run_s  # counted as "final"
+                timing["final"] = time.perf_counter() - t0
             for ti, run in runs.items():
                 inner = getattr(run.sampler, "timing", None)
                 if isinstance(inner, dict) and inner.get("model"):
@@ -833,15 +858,85 @@ def _run_batch(
     return outcome
 
 
+def _final_round(
+    task: _Task,
+    target: tvm.target.Target,
+    db: TuningDatabase,
+    measurer: Measurer,
+    verify: bool,
+    rtol: float,
+    atol: float,
+) -> FinalRound | None:
+    """Time the task's best records side by side; a runner-up that beats the best becomes it.
+
+    While tuning, each candidate was timed once (a best, three times) at its own moment, on its
+    own arguments: placement and the machine's state move a kernel by 10-50% between such
+    measurements, so among near-equal candidates the best is partly the luckiest. Timed side by
+    side in one process, they differ mostly by what they are.
+    """
+    cfg = measurer.config
+    top: list[ms.database.TuningRecord] = []
+    seen: set[str] = set()
+    for rec in db.ms_database.get_top_k(task.workload, cfg.final_candidates * 2):
+        key = candidate_key(rec.trace)
+        if key not in seen:
+            seen.add(key)
+            top.append(rec)
+        if len(top) == cfg.final_candidates:
+            break
+    if len(top) < 2:
+        return None
+    schs = [_apply(task, rec.trace)[0] for rec in top]
+    if schs[0] is None:
+        return None
+    keep = [i for i, sch in enumerate(schs) if sch is not None]
+    built = measurer.build([schs[i].mod for i in keep])  # type: ignore[union-attr]
+    try:
+        ok = [i for i, res in zip(keep, built) if res.artifact_path is not None]
+        if len(ok) < 2 or ok[0] != 0:
+            return None
+        paths = [str(built[keep.index(i)].artifact_path) for i in ok]
+        times = measurer.side_by_side(
+            paths, random_arguments(task.args_info, seed=1), cfg.final_rounds, task.entry
+        )
+    except CandidateFault:
+        Measurer.release(built)
+        return None
+    try:
+        per_round = {i: [t / b for t, b in zip(times[j], times[0])] for j, i in enumerate(ok)}
+        ratio = {i: sum(r) / len(r) for i, r in per_round.items()}
+        final = FinalRound(
+            rounds=cfg.final_rounds, ratios=[ratio.get(i, math.nan) for i in range(1, len(top))]
+        )
+        best_secs = mean_run_secs([float(x) for x in top[0].run_secs])
+        for i in sorted(ok[1:], key=ratio.__getitem__):
+            if ratio[i] >= 1.0:
+                break
+            sch = schs[i]
+            assert sch is not None
+            if verify and _check_candidate(task, sch, built[keep.index(i)], target, rtol, atol, measurer):
+                continue  # never checked while tuning (it was never the best): wrong, so not chosen
+            secs = [best_secs * r for r in per_round[i]]
+            db.commit(task.workload, sch.trace, secs, target, task.args_info)
+            task.best_secs = mean_run_secs(secs)
+            final.chosen = i - 1
+            break
+        return final
+    finally:
+        Measurer.release(built)
+
+
 def _stored_results(db: TuningDatabase, task: _Task) -> list[tuple[str, float | None]]:
     """(key, mean seconds or None) of every stored record of the task, for a strategy's warm start."""
-    out = []
+    out: dict[str, float | None] = {}
     for rec in db.records(task.workload):
         secs = (
             mean_run_secs([float(s) for s in rec.run_secs]) if rec.run_secs is not None else FAILED_RUN_SECS
         )
-        out.append((candidate_key(rec.trace), None if secs >= FAILED_RUN_SECS else secs))
-    return out
+        key = candidate_key(rec.trace)
+        # a candidate stored twice (a final round's winner): its lowest, the one TVM ranks by
+        out[key] = min(secs, out.get(key) or FAILED_RUN_SECS)
+    return [(key, None if secs >= FAILED_RUN_SECS else secs) for key, secs in out.items()]
 
 
 def _check_candidate(

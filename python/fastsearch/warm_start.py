@@ -120,7 +120,10 @@ class WarmStart:
                         continue  # a torn line of a killed run
         self.sources = list(by_hash.values())
         for src in self.sources:
-            src.records.sort(key=lambda kv: kv[1])
+            lowest: dict[str, float] = {}  # a candidate stored twice (a final round's winner): its lowest
+            for key, lat in src.records:
+                lowest[key] = min(lat, lowest.get(key, math.inf))
+            src.records = sorted(lowest.items(), key=lambda kv: kv[1])
             src.genomes = {k: genomes[k] for k, _ in src.records if k in genomes}
         self.num_records = sum(len(s.records) for s in self.sources)
 
