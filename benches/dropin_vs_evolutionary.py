@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from workloads import small
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import retime_in_processes
+from kernel_retime import pair, retime_in_processes
 
 
 def tune(
@@ -89,12 +89,11 @@ def _suite_shapes(args: argparse.Namespace, target: tvm.target.Target) -> int:
                     libs.append(lib)
                     walls.append(wall)
                     print(spec, seed, side, f"{wall:.0f} s", file=sys.stderr, flush=True)
-                rows = retime_in_processes(libs, func, 5, args.retime_processes)
-                ratio = statistics.median(r[0] / r[1] for r in rows)
+                fs_us, ms_us, per_process = pair(retime_in_processes(libs, func, 5, args.retime_processes), 0, 1)
+                ratio = statistics.median(per_process)
                 ratios.append(ratio)
-                us = [statistics.median(r[i] for r in rows) * 1e6 for i in (0, 1)]
                 lines.append(
-                    f"| {spec} | {seed} | {us[0]:.1f} ({walls[0]:.0f} s) | {us[1]:.1f} ({walls[1]:.0f} s) "
+                    f"| {spec} | {seed} | {fs_us:.1f} ({walls[0]:.0f} s) | {ms_us:.1f} ({walls[1]:.0f} s) "
                     f"| {ratio:.3f} |"
                 )
                 print(lines[-1], file=sys.stderr, flush=True)

@@ -10,8 +10,9 @@ one process compare far better than their absolute times do.
 :func:`retime_in_processes` exports the kernels once, then each of ``processes`` fresh processes
 loads them, draws its own random arguments (seeded by the process's index), and times them in
 ``repeat`` interleaved rounds (every other process in reverse order). It returns each process's
-median per kernel; :func:`summarize` turns two kernels' results into medians over processes and
-the median of the per-process ratios, the figure the suite reports.
+median per kernel; :func:`pair` turns two kernels' results into medians over processes and
+per-process ratios, and :func:`summarize` adds the median of those ratios, the figure the suite
+reports.
 """
 
 from __future__ import annotations
@@ -55,13 +56,23 @@ def retime_in_processes(
     return per_process
 
 
+def pair(per_process: list[list[float]], a: int, b: int) -> tuple[float, float, list[float]]:
+    """Kernels ``a`` and ``b``: their medians over processes (us) and every process's ratio
+    ``a / b``, in process order."""
+    return (
+        statistics.median(row[a] for row in per_process) * 1e6,
+        statistics.median(row[b] for row in per_process) * 1e6,
+        [row[a] / row[b] for row in per_process],
+    )
+
+
 def summarize(per_process: list[list[float]]) -> dict[str, Any]:
     """For two kernels (fastsearch's, then MetaSchedule's): medians over processes (us), every
     process's ratio, and the median of those ratios."""
-    ratios = [row[0] / row[1] for row in per_process]
+    fs_us, ms_us, ratios = pair(per_process, 0, 1)
     return {
-        "fastsearch_retimed_us": statistics.median(row[0] for row in per_process) * 1e6,
-        "metaschedule_retimed_us": statistics.median(row[1] for row in per_process) * 1e6,
+        "fastsearch_retimed_us": fs_us,
+        "metaschedule_retimed_us": ms_us,
         "retimed_ratio": statistics.median(ratios),
         "retimed_ratios_per_process": ratios,
     }

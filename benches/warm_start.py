@@ -39,7 +39,7 @@ from fastsearch.warm_start import WarmStart
 from tvm.s_tir import meta_schedule as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import retime_in_processes
+from kernel_retime import pair, retime_in_processes
 from suite import _best_within, _compile, _records_in_order
 
 DEFAULT_FAMILIES = ["GMM:0,1,3:2", "C2D:0,1,3:2", "C1D:0,1,3:2", "DEP:0,2,3:1"]
@@ -123,10 +123,10 @@ def run_family(
         if cold_best is not None and warm_best is not None:
             # in fresh processes, each timing both (benches/kernel_retime.py)
             rows = retime_in_processes([_compile(cold_best, target), _compile(warm_best, target)], func, repeat, processes)
-            ratios = [row[1] / row[0] for row in rows]
+            warm_us, cold_us, ratios = pair(rows, 1, 0)
             retimed = {
-                "cold_final_us": statistics.median(row[0] for row in rows) * 1e6,
-                "warm_third_us": statistics.median(row[1] for row in rows) * 1e6,
+                "cold_final_us": cold_us,
+                "warm_third_us": warm_us,
                 "ratio": statistics.median(ratios),
                 "ratios_per_process": ratios,
                 "processes": processes,

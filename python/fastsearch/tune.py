@@ -896,13 +896,12 @@ def _final_round(
         if len(ok) < 2 or ok[0] != 0:
             return None
         paths = [str(built[keep.index(i)].artifact_path) for i in ok]
-        times = measurer.side_by_side(
-            paths, random_arguments(task.args_info, seed=1), cfg.final_rounds, task.entry
-        )
-    except CandidateFault:
-        Measurer.release(built)
-        return None
-    try:
+        try:
+            times = measurer.side_by_side(
+                paths, random_arguments(task.args_info, seed=1), cfg.final_rounds, task.entry
+            )
+        except CandidateFault:
+            return None
         per_round = {i: [t / b for t, b in zip(times[j], times[0])] for j, i in enumerate(ok)}
         ratio = {i: sum(r) / len(r) for i, r in per_round.items()}
         final = FinalRound(
