@@ -315,6 +315,17 @@ class SearchStats:
 MUTABLE = ("SamplePerfectTile", "SampleCategorical", "SampleComputeLocation")
 
 
+def _prime_factors(n: int) -> list[int]:
+    """Prime factors of ``n`` > 1, with multiplicity."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
 @derived_object
 class SearchStrategy(PySearchStrategy):
     """Evolutionary search over the design spaces MetaSchedule hands over, checked by fastsearch.
@@ -342,6 +353,7 @@ class SearchStrategy(PySearchStrategy):
         mutate_prob: float = 0.85,
         init_measured_ratio: float = 0.2,
         eps_greedy: float = 0.05,
+        local_tile_prob: float = 0.5,
         seed: int | None = None,
     ) -> None:
         self.config = {
@@ -350,6 +362,7 @@ class SearchStrategy(PySearchStrategy):
             "mutate_prob": mutate_prob,
             "init_measured_ratio": init_measured_ratio,
             "eps_greedy": eps_greedy,
+            "local_tile_prob": local_tile_prob,
             "seed": seed,
         }
         self.population_size = population_size
@@ -357,6 +370,7 @@ class SearchStrategy(PySearchStrategy):
         self.mutate_prob = mutate_prob
         self.init_measured_ratio = init_measured_ratio
         self.eps_greedy = eps_greedy
+        self.local_tile_prob = local_tile_prob
         self.seed = seed
         self.context: ms.TuneContext | None = None
         # MetaSchedule tunes clones of the object it is given: they share these statistics,
@@ -453,7 +467,31 @@ class SearchStrategy(PySearchStrategy):
             return None
         chosen = choices[int(self.rng.integers(len(choices)))]
         kept = {inst: d for inst, d in decisions.items() if not inst.same_as(chosen)}
+        if str(chosen.kind.name) == "SamplePerfectTile" and self.rng.random() < self.local_tile_prob:
+            moved = self._move_tile_factor(chosen, [int(x) for x in decisions[chosen]])
+            if moved is not None:
+                kept[chosen] = moved
         return self._materialize(Trace(list(parent.trace.insts), kept))
+
+    def _move_tile_factor(self, inst: Any, tile: list[int]) -> list[int] | None:
+        """``tile`` with one prime factor moved from one level to another: a step to a
+        neighbouring tiling, where a redrawn decision jumps anywhere in the space. None when
+        the tile has no factor to move or the move breaks the innermost limit."""
+        sources = [i for i, t in enumerate(tile) if t > 1]
+        if not sources or len(tile) < 2:
+            return None
+        src = sources[int(self.rng.integers(len(sources)))]
+        dst = int(self.rng.integers(len(tile) - 1))
+        dst += dst >= src
+        primes = _prime_factors(tile[src])
+        p = primes[int(self.rng.integers(len(primes)))]
+        moved = list(tile)
+        moved[src] //= p
+        moved[dst] *= p
+        limit = int(inst.attrs[1]) if len(inst.attrs) > 1 else -1
+        if limit > 0 and moved[-1] > limit:
+            return None
+        return moved
 
     def _score(self, individuals: list[_Individual]) -> list[_Individual]:
         """Replays each candidate in fastsearch's engine (its features), drops those it cannot
