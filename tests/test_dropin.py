@@ -321,3 +321,48 @@ def test_module_name_does_not_shadow_tvm():
         module = importlib.import_module(f"fastsearch.{info.name}")
         if info.name != "tvm" and hasattr(module, "tvm"):
             assert module.tvm is tvm, f"fastsearch.{info.name}.tvm is {module.tvm!r}"
+
+
+def test_local_tile_mutation_moves_one_prime_factor():
+    """With ``local_tile_prob=1`` a mutated tile decision keeps its product and differs from
+    the parent's in two levels, one divided and one multiplied by the same prime; every other
+    tile decision is the parent's, and the innermost level stays within its limit."""
+    func = small("C2D")
+    strategy = fst.SearchStrategy(population_size=8, local_tile_prob=1.0, seed=3)
+    ctx = ms.TuneContext(
+        mod=tvm.IRModule({"main": func}),
+        target=TARGET,
+        space_generator="post-order-apply",
+        search_strategy=strategy,
+        task_name="c2d",
+    )
+    strategy.pre_tuning(8, 8, ctx.generate_design_space(), None, None)
+
+    def tiles(trace: tvm.s_tir.Trace) -> list[tuple[list[int], int]]:
+        return [
+            ([int(x) for x in trace.decisions[i]], int(i.attrs[1]))
+            for i in trace.insts
+            if str(i.kind.name) == "SamplePerfectTile"
+        ]
+
+    parent = strategy._sample()
+    moved = 0
+    for _ in range(60):
+        child = strategy._mutate(parent)
+        if child is None:
+            continue
+        changed = [(a, b) for (a, _), (b, _) in zip(tiles(parent.trace), tiles(child.trace)) if a != b]
+        assert len(changed) <= 1
+        for (tile, limit) in tiles(child.trace):
+            assert limit <= 0 or tile[-1] <= limit
+        if changed:
+            (a, b), = changed
+            assert math.prod(a) == math.prod(b)
+            diff = [i for i in range(len(a)) if a[i] != b[i]]
+            assert len(diff) == 2
+            up, down = sorted(diff, key=lambda i: b[i] / a[i])[::-1]
+            p = b[up] // a[up]
+            assert b[up] == a[up] * p and a[down] == b[down] * p
+            assert p > 1 and all(p % q for q in range(2, p))
+            moved += 1
+    assert moved >= 10

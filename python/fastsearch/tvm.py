@@ -333,8 +333,10 @@ class SearchStrategy(PySearchStrategy):
     Each round: a population of ``population_size`` from the best measured candidates
     (``init_measured_ratio`` of it) and the design spaces' traces replayed with new random
     decisions; ``generations`` rounds of mutation (one sampling decision redrawn, with
-    probability ``mutate_prob`` per child) and selection by the cost model; then the best
-    unmeasured candidates are proposed, ``eps_greedy`` of them random ones instead.
+    probability ``mutate_prob`` per child; a tile decision instead has one prime factor moved
+    between two of its levels with probability ``local_tile_prob``) and selection by the cost
+    model; then the best unmeasured candidates are proposed, ``eps_greedy`` of them random
+    ones instead.
 
     Every candidate is replayed by fastsearch's engine (its per-store features are computed
     there) before it is proposed; a design space the engine cannot replay is reported at
