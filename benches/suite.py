@@ -501,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         "--reuse-metaschedule",
         default=None,
         help="an earlier --out-dir: MetaSchedule's runs (databases, curves, profiles) are taken from "
-        "there instead of tuning again; fastsearch is tuned anew and both bests are re-timed together",
+        "there instead of tuning again (runs it lacks are tuned anew); fastsearch is tuned anew and "
+        "both bests are re-timed together",
     )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
@@ -518,10 +519,10 @@ def main(argv: list[str] | None = None) -> int:
                 work = Path(tempfile.mkdtemp(prefix=f"suite_{wl.replace(':', '_')}_s{seed}_"))
                 earlier = None
                 earlier_db = None
-                if args.reuse_metaschedule:
-                    old = Path(args.reuse_metaschedule) / path.name
-                    if not old.exists():
-                        parser.error(f"--reuse-metaschedule: no {old}")
+                old = Path(args.reuse_metaschedule or ".") / path.name
+                if args.reuse_metaschedule and not old.exists():
+                    print(f"  no {old}: MetaSchedule is tuned anew", file=sys.stderr, flush=True)
+                elif args.reuse_metaschedule:
                     earlier = json.loads(old.read_text())
                     kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
                     earlier_db = kept if kept.exists() else None

@@ -1,13 +1,13 @@
 //! The searches on real programs (fixtures exported from TVM by `fastsearch.tir_import`),
 //! scored by a synthetic model whose optimum is known.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use fastsearch_core::program::Program;
 use fastsearch_core::rng::Rng;
 use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
 use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
-use fastsearch_core::search::SearchContext;
+use fastsearch_core::search::{coarse_shape, SearchContext};
 use fastsearch_core::sketch::{CpuTarget, Genome, Rule, SketchSpace};
 
 /// A program with its sketches, a 2-core target and the measured candidates.
@@ -163,4 +163,56 @@ fn small_spaces_still_fill_the_batch() {
         1,
     );
     assert_eq!(out.len(), 8);
+}
+
+/// Distinct coarse shapes among `proposals` that no `measured` genome has.
+fn novel_shapes(proposals: &[fastsearch_core::search::Proposal], measured: &[Genome]) -> usize {
+    let old: HashSet<u64> = measured.iter().map(coarse_shape).collect();
+    proposals
+        .iter()
+        .map(|p| coarse_shape(&p.genome))
+        .filter(|s| !old.contains(s))
+        .collect::<HashSet<u64>>()
+        .len()
+}
+
+#[test]
+fn late_batches_spend_their_share_on_shapes_not_measured() {
+    let mut f = Fixture::new("gmm_512");
+    let focused = EvolutionConfig {
+        population: 256,
+        generations: 3,
+        epsilon: 0.0,
+        novel_share: 0.0,
+        ..Default::default()
+    };
+    let exploring = EvolutionConfig {
+        novel_share: 0.5,
+        novel_after: 16,
+        ..focused.clone()
+    };
+    let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
+    f.measured = first.iter().map(|x| (x.key.clone(), 1.0)).collect();
+    let seeds = genomes(&first);
+
+    let plain = evolve(&f.ctx(), &synthetic, &seeds, 16, &focused, 8);
+    let novel = evolve(&f.ctx(), &synthetic, &seeds, 16, &exploring, 8);
+    assert_eq!(novel.len(), 16);
+    assert!(novel.iter().all(|x| !f.measured.contains_key(&x.key)));
+    // Half the batch: eight shapes the run has not measured, one candidate each.
+    assert!(novel_shapes(&novel, &seeds) >= 8);
+    assert!(novel_shapes(&novel, &seeds) > novel_shapes(&plain, &seeds));
+
+    // Below `novel_after` measured candidates the batch is the plain one.
+    let early = EvolutionConfig {
+        novel_after: 17,
+        ..exploring
+    };
+    let keys = |p: &[fastsearch_core::search::Proposal]| {
+        p.iter().map(|x| x.key.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        keys(&evolve(&f.ctx(), &synthetic, &seeds, 16, &early, 8)),
+        keys(&plain)
+    );
 }

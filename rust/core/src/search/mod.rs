@@ -66,7 +66,7 @@ const SHAPE_SHARE: usize = 4;
 /// What a candidate looks like from afar: its rules and, per tiled loop, the extent its outer
 /// two tile levels cover (the loops the postprocessor fuses into parallel jobs). Candidates
 /// that differ only in inner tiles, vectorization or unrolling share a shape.
-pub(crate) fn coarse_shape(genome: &Genome) -> u64 {
+pub fn coarse_shape(genome: &Genome) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     genome.rules.hash(&mut h);
@@ -119,6 +119,40 @@ pub(crate) fn pick(
     }
     out.extend(deferred.into_iter().take(missing));
     out.sort_by(|a, b| b.score.total_cmp(&a.score));
+    out
+}
+
+/// Picks up to `n` unmeasured proposals from `ranked` (best first) whose coarse shape is not in
+/// `measured_shapes`, at most one per shape: the model's best guess at each structure or
+/// tiling the run has not tried.
+pub(crate) fn pick_novel(
+    ctx: &SearchContext<'_>,
+    ranked: impl IntoIterator<Item = (Genome, f64)>,
+    n: usize,
+    measured_shapes: &HashSet<u64>,
+    taken: &mut HashSet<String>,
+) -> Vec<Proposal> {
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let mut shapes: HashSet<u64> = HashSet::new();
+    for (genome, score) in ranked {
+        if out.len() >= n {
+            break;
+        }
+        let shape = coarse_shape(&genome);
+        if measured_shapes.contains(&shape) || shapes.contains(&shape) {
+            continue;
+        }
+        let key = trace_key(ctx, &genome);
+        if ctx.measured.contains_key(&key) || taken.contains(&key) {
+            continue;
+        }
+        shapes.insert(shape);
+        taken.insert(key.clone());
+        out.push(Proposal { key, genome, score });
+    }
     out
 }
 
