@@ -519,13 +519,14 @@ def main(argv: list[str] | None = None) -> int:
                 work = Path(tempfile.mkdtemp(prefix=f"suite_{wl.replace(':', '_')}_s{seed}_"))
                 earlier = None
                 earlier_db = None
-                old = Path(args.reuse_metaschedule or ".") / path.name
-                if args.reuse_metaschedule and not old.exists():
-                    print(f"  no {old}: MetaSchedule is tuned anew", file=sys.stderr, flush=True)
-                elif args.reuse_metaschedule:
-                    earlier = json.loads(old.read_text())
-                    kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
-                    earlier_db = kept if kept.exists() else None
+                if args.reuse_metaschedule:
+                    old = Path(args.reuse_metaschedule) / path.name
+                    if old.exists():
+                        earlier = json.loads(old.read_text())
+                        kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
+                        earlier_db = kept if kept.exists() else None
+                    else:
+                        print(f"  no {old}: MetaSchedule is tuned anew", file=sys.stderr, flush=True)
                 keep = out_dir / "metaschedule" / path.stem
                 res = run_one(
                     wl,
