@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.sample import Postprocessor, sample_candidates
+from fastsearch.sample import Postprocessor, replay, sample_candidates
 from fastsearch.tir_import import program_json
 from tvm.s_tir import Schedule
 from workloads import FAMILIES, small, suite
@@ -125,3 +125,31 @@ def test_sketch_rules_cover_the_families():
     assert "ComputeInline" in kinds(small("C2D"))
     assert {"ComputeInline", "ReverseComputeAt"} <= kinds(small("CBR"))
     assert "ComputeAt" in kinds(small("SFM"))
+
+
+def test_softmax_rfactors_under_the_normalisation_loop():
+    """An rfactored reduction computed under its consumer's loop (the rule's `at`): both of
+    softmax's reductions and the exponential run inside the normalisation's row loop, TVM
+    accepts the schedule, and it computes softmax."""
+    func = small("SFM")
+    norm = 4  # blocks: maxelem, exp, expsum, norm (block 0 is the root)
+    fused = []
+    for trace, genome in _core.sample_genomes(program_json(func), 2, 32, 400, 0):
+        rules = json.loads(genome)["rules"]
+        rfactored_at = [rules[b]["RFactor"]["at"] if "RFactor" in rules[b] else None for b in ("1", "3")]
+        under_rows = rfactored_at == [[norm, 0]] * 2
+        if under_rows and rules["2"] == {"ComputeAt": {"host": norm, "depth": 0}}:
+            fused.append(trace)
+    assert fused, "no candidate computes both rfactored reductions under the row loop"
+    sch = replay(func, fused[0], None)
+    assert sch is not None
+    row = sch.get_loops(sch.get_sblock("T_softmax_norm"))[0]
+    blocks = ["T_softmax_maxelem_rf", "T_softmax_maxelem", "T_softmax_exp", "T_softmax_expsum_rf", "T_softmax_expsum"]
+    for name in blocks:
+        assert sch.get(sch.get_loops(sch.get_sblock(name))[0]).same_as(sch.get(row)), name
+    built = replay(func, fused[0], Postprocessor(func, TARGET))
+    assert built is not None
+    a = _random_args(func, np.random.default_rng(0))[0]
+    got = _run(built.mod, [a, np.zeros(a.shape, a.dtype)])
+    e = np.exp(a - a.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -113,7 +113,7 @@ pub fn sketch_features(
         count(|r| matches!(r, Rule::Inline)),
         count(|r| matches!(r, Rule::Tile { .. })),
         count(|r| matches!(r, Rule::RFactor { .. })),
-        count(|r| matches!(r, Rule::ComputeAt { .. })),
+        count(|r| r.location().is_some()),
         count(|r| matches!(r, Rule::Root)),
         (e.cycles / total.max(1e-9)) as f32,
     ]

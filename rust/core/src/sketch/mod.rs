@@ -72,14 +72,30 @@ pub enum Rule {
         cache: WriteCache,
         level: usize,
     },
+    /// rfactor of the fused reduction loop (`outer`: the outer split becomes the partial axis);
+    /// `at`, when set, computes the partial and the final reduction under loop `depth` of
+    /// block `host`, beside the consumer that reads them (absent in genomes stored before).
     RFactor {
         outer: bool,
+        #[serde(default)]
+        at: Option<(usize, usize)>,
     },
     ComputeAt {
         host: usize,
         depth: usize,
     },
     Root,
+}
+
+impl Rule {
+    /// The `(host, depth)` of a rule that computes its block under another block's loop.
+    pub fn location(&self) -> Option<(usize, usize)> {
+        match self {
+            Rule::ComputeAt { host, depth } => Some((*host, *depth)),
+            Rule::RFactor { at, .. } => *at,
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -228,24 +244,37 @@ impl SketchSpace {
                     && info.spatial_extent <= target.num_cores * 16
                     && self.rfactor_applies(program, info)
                 {
-                    options.push(Rule::RFactor { outer: false });
-                    options.push(Rule::RFactor { outer: true });
+                    options.push(Rule::RFactor {
+                        outer: false,
+                        at: None,
+                    });
+                    options.push(Rule::RFactor {
+                        outer: true,
+                        at: None,
+                    });
                 }
             } else {
                 options.push(Rule::Root);
+                let hosts = if info.output {
+                    Vec::new()
+                } else {
+                    self.host_locations(program, info, &consumers, &rules)
+                };
                 // A reduction without reuse gains from rfactor whenever it is long enough to
-                // split: partial results break the dependency chain and vectorize.
+                // split: partial results break the dependency chain and vectorize. Under its
+                // consumer's loop (MetaSchedule's compute location of an rfactored block), the
+                // partial results and the producers feeding them stay in cache.
                 if info.simple_loops
                     && !info.spatial
                     && info.reduce_extent >= MIN_RFACTOR_EXTENT
                     && self.rfactor_applies(program, info)
                 {
-                    options.push(Rule::RFactor { outer: false });
-                    options.push(Rule::RFactor { outer: true });
+                    for at in std::iter::once(None).chain(hosts.iter().map(Rule::location)) {
+                        options.push(Rule::RFactor { outer: false, at });
+                        options.push(Rule::RFactor { outer: true, at });
+                    }
                 }
-                if !info.output {
-                    options.extend(self.host_locations(program, info, &consumers, &rules));
-                }
+                options.extend(hosts);
             }
             let rule = rng.choose(&options).clone();
             if let Rule::Tile {
@@ -440,9 +469,9 @@ impl SketchSpace {
         let mut host = None;
         let mut max_depth = usize::MAX;
         for &c in consumers {
-            let (h, d) = match rules.get(&c) {
-                Some(Rule::ComputeAt { host, depth }) => (*host, depth + 1),
-                Some(Rule::Root) | None => (c, self.relevant_depth(program, info, c)),
+            let (h, d) = match rules.get(&c).map(|r| (r, r.location())) {
+                Some((_, Some((host, depth)))) => (host, depth + 1),
+                Some((Rule::Root, _)) | None => (c, self.relevant_depth(program, info, c)),
                 _ => return None,
             };
             if host.is_some_and(|x| x != h) {
@@ -569,7 +598,7 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
                     _ => {}
                 }
             }
-            (Some(Rule::RFactor { outer }), Some(tiles)) => {
+            (Some(Rule::RFactor { outer, at }), Some(tiles)) => {
                 let loops = t.get_loops(b, info.loop_extents.len());
                 let n_s = block
                     .iter_vars
@@ -583,7 +612,14 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
                 };
                 let split = t.sample_and_split(&fused, &tiles[0], MAX_INNERMOST_FACTOR);
                 let axis = program.buffers[block.writes[0].buffer].shape.len();
-                t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
+                let partial = t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
+                if let Some((host, depth)) = at {
+                    // The final reduction first: the partial block goes before its consumer.
+                    let host_loops =
+                        t.get_loops(&rv[host], space.host_loop_count(program, rules, *host));
+                    t.compute_at(b, &host_loops[*depth]);
+                    t.compute_at(&partial, &host_loops[*depth]);
+                }
             }
             (Some(Rule::ComputeAt { host, depth }), _) => {
                 let host_loops =
@@ -656,4 +692,23 @@ pub fn sample_genomes(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn genomes_stored_before_rfactor_locations_still_load() {
+        let old: Rule = serde_json::from_str(r#"{"RFactor":{"outer":true}}"#).unwrap();
+        assert_eq!(
+            old,
+            Rule::RFactor {
+                outer: true,
+                at: None
+            }
+        );
+        let new: Rule = serde_json::from_str(r#"{"RFactor":{"outer":false,"at":[4,0]}}"#).unwrap();
+        assert_eq!(new.location(), Some((4, 0)));
+    }
 }

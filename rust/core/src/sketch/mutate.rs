@@ -116,7 +116,11 @@ fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng:
                 };
             }
         }
-        Rule::RFactor { outer } => *outer = !*outer,
+        Rule::RFactor {
+            at: Some((_, depth @ 1..)),
+            ..
+        } if rng.chance(0.5) => *depth -= 1,
+        Rule::RFactor { outer, .. } => *outer = !*outer,
         Rule::ComputeAt { depth, .. } => *depth -= 1,
         _ => return false,
     }

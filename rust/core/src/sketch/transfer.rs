@@ -99,7 +99,13 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
                         _ => true,
                     }
             }
-            Rule::RFactor { .. } => info.simple_loops && space.rfactor_applies(program, info),
+            Rule::RFactor { at, .. } => {
+                info.simple_loops
+                    && space.rfactor_applies(program, info)
+                    && at.is_none_or(|(host, depth)| {
+                        known(host) && depth < space.host_loop_count(program, &genome.rules, host)
+                    })
+            }
             Rule::Inline | Rule::Root => true,
         };
         if !fits {
@@ -189,6 +195,13 @@ pub fn transfer_from_sibling(
             Rule::ComputeAt { host, depth } => Rule::ComputeAt {
                 host: map(*host)?,
                 depth: *depth,
+            },
+            Rule::RFactor {
+                outer,
+                at: Some((host, depth)),
+            } => Rule::RFactor {
+                outer: *outer,
+                at: Some((map(*host)?, *depth)),
             },
             Rule::Tile {
                 cache: WriteCache::FusedConsumer(c),
