@@ -24,10 +24,9 @@ from pathlib import Path
 import numpy as np
 from fastsearch import _core
 from fastsearch.cli import load_workload
-from fastsearch.cost_model import CostModel, StoreFeatureModel, pairwise_accuracy
+from fastsearch.cost_model import CostModel, StoreFeatureModel, pairwise_accuracy, pooled_features
 from fastsearch.database import candidate_key
 from fastsearch.tir_import import program_json
-from fastsearch.warm_start import _pooled
 
 sys.path.insert(0, str(Path(__file__).parent))
 from suite import _mean_us, _records_in_order
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = np.asarray(
                 _core.sketch_feature_rows(program, args.cores, args.vector_bytes, [genomes[k] for k in keys])
             ).reshape(len(keys), -1)
-            pooled = np.nan_to_num(_pooled(program, keys))
+            pooled = np.nan_to_num(pooled_features(program, keys))
             wl = per_workload.setdefault(run["workload"], {n: [] for n in names})
             for start in args.starts:
                 train, test = slice(0, start), slice(start, start + args.window)

@@ -13,12 +13,15 @@ from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
 from fastsearch.search import (
     MIN_RECORDS,
+    RERANK_AFTER,
+    RERANK_POOL,
     WARM_MODEL_WEIGHT,
     ModelGuidedSampler,
     SearchState,
     SiblingRecords,
     anchor_distance,
     anchor_extents,
+    blend_ranks,
 )
 from fastsearch.tir_import import program_json
 from workloads import matmul, matmul_relu, small, softmax
@@ -89,6 +92,56 @@ def test_model_guided_sampler_proposes_new_valid_candidates(strategy):
             history[c.key] = _fake_latency(c.key)
     assert len(history) >= MIN_RECORDS
     assert sampler.model.trained_on >= MIN_RECORDS
+
+
+def test_blend_ranks():
+    props = [(k, "", 0.0) for k in "abcd"]  # the search's order
+    predicted = np.array([0.0, 3.0, 2.0, 1.0])  # the model's order: b, c, d, a
+    assert [p[0] for p in blend_ranks(props, predicted, 0.0)] == list("abcd")
+    assert [p[0] for p in blend_ranks(props, predicted, 1.0)] == list("bcda")
+    # Blended ranks a 1.5, b 0.5, c 1.5, d 2.5: ties keep the search's order.
+    assert [p[0] for p in blend_ranks(props, predicted, 0.5)] == list("bacd")
+
+
+def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
+    """With RERANK_AFTER valid records, the search proposes RERANK_POOL times the batch and the
+    batch is the head of those proposals blended with a store-feature model trained on the
+    records."""
+    import fastsearch.search as search
+
+    func = small("GMM")
+    history: dict[str, float] = {}
+    warmup = ModelGuidedSampler(
+        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, rerank=False
+    )
+    r = 0
+    while len(history) < RERANK_AFTER:
+        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
+        r += 1
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def spy(proposals, predicted, weight):
+        out = blend_ranks(proposals, predicted, weight)
+        seen.append(([p[0] for p in proposals], [p[0] for p in out]))
+        return out
+
+    monkeypatch.setattr(search, "blend_ranks", spy)
+
+    def batch(rerank: bool) -> tuple[ModelGuidedSampler, list[str]]:
+        s = ModelGuidedSampler(
+            func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, rerank=rerank
+        )
+        s.genomes.update(warmup.genomes)  # as a resumed run knows them: the search's model trains
+        return s, [c.key for c in s(func, TARGET, 8, 99, set(history))]
+
+    plain_sampler, plain = batch(False)
+    assert plain_sampler.store_ranker is None and not seen
+    sampler, reranked = batch(True)
+    assert sampler.store_ranker is not None and sampler.store_ranker.model.trained
+    (pool, blended), = seen
+    assert len(pool) == RERANK_POOL * 8
+    assert reranked == blended[:8] != plain
+    assert not set(reranked) & set(history)
 
 
 def test_model_guided_sampler_is_deterministic():

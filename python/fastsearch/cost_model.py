@@ -166,3 +166,64 @@ class StoreFeatureModel:
             raise ValueError("the store-feature model is not trained")
         x = np.asarray(pooled, dtype=np.float32).reshape(-1, 2 * N_STORE_FEATURES)
         return np.asarray(_core.forest_predict(self.booster_json, x), dtype=np.float64)
+
+
+def pooled_features(program: str, keys: Sequence[str]) -> np.ndarray:
+    """Pooled per-store features of candidates (trace JSON keys) of ``program``, after
+    postprocessing; a row of NaN for a candidate the engine cannot replay."""
+    rows = _core.extract_features_each(program, list(keys), True)
+    pooled = pool_store_features([r if r is not None else np.zeros((0, 0), np.float32) for r in rows])
+    for i, r in enumerate(rows):
+        if r is None:
+            pooled[i] = np.nan
+    return pooled
+
+
+class StoreRanker:
+    """A :class:`StoreFeatureModel` for one task: trained on its measured candidates (and other
+    tasks' records, given as ``(pooled features, latencies)``), it scores candidates by key.
+    Features are computed once per key."""
+
+    def __init__(self, program: str) -> None:
+        self.program = program
+        self.model = StoreFeatureModel()
+        self._features: dict[str, np.ndarray] = {}
+        self._trained_on = -1
+
+    def features(self, keys: Sequence[str]) -> np.ndarray:
+        """Pooled features of ``keys`` (NaN rows where they fail)."""
+        todo = [k for k in dict.fromkeys(keys) if k not in self._features]
+        if todo:
+            for k, row in zip(todo, pooled_features(self.program, todo)):
+                self._features[k] = row
+        return np.stack([self._features[k] for k in keys]) if keys else pool_store_features([])
+
+    def train(
+        self, measured: dict[str, float], others: Sequence[tuple[np.ndarray, np.ndarray]] = ()
+    ) -> bool:
+        """(Re)trains on ``measured`` (key -> seconds, inf = failed) and ``others``; False when
+        there is nothing to learn from. Skipped when the measured set has not grown."""
+        if len(measured) == self._trained_on and self.model.trained:
+            return True
+        tasks = list(others)
+        if measured:
+            keys = list(measured)
+            x = self.features(keys)
+            lat = np.array([measured[k] for k in keys])
+            keep = ~np.isnan(x[:, 0])
+            if np.isfinite(lat[keep]).any():
+                tasks.append((x[keep], lat[keep]))
+        if not tasks:
+            return False
+        self.model.fit(tasks)
+        self._trained_on = len(measured)
+        return True
+
+    def predict(self, keys: Sequence[str]) -> np.ndarray:
+        """Predicted relative throughput of candidates; -inf where features cannot be taken."""
+        x = self.features(keys)
+        bad = np.isnan(x[:, 0])
+        out = np.full(len(keys), -np.inf)
+        if (~bad).any():
+            out[~bad] = self.model.predict(x[~bad])
+        return out

@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 
 from fastsearch import _core
-from fastsearch.cost_model import CostModel
+from fastsearch.cost_model import CostModel, StoreRanker
 from fastsearch.sample import Candidate, Postprocessor, base_schedule, num_cores, replay, vector_bytes
 from fastsearch.tir_import import program_json
 from fastsearch.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
@@ -40,6 +40,13 @@ SIBLING_DISTANCE_DECAY = 2.0
 MIN_SIBLING_WEIGHT = 0.05
 #: Best candidates of each sibling with the same anchor that are carried over and measured.
 SIBLING_SEEDS = 2
+#: Late in a run, with this many valid records, the search proposes RERANK_POOL times the batch
+#: and the batch is the best of them by a blend of the search's order and a per-store-feature
+#: model trained on the task's records, weighing RERANK_WEIGHT: on the next batch the sketch
+#: model alone ranks little better than chance by then (BENCHMARKS.md, next-batch ranking).
+RERANK_AFTER = 64
+RERANK_POOL = 4
+RERANK_WEIGHT = 0.5
 
 STRATEGIES = ("evolutionary", "annealing")
 
@@ -63,6 +70,7 @@ class ModelGuidedSampler:
         warm: TaskWarmStart | None = None,
         siblings: SiblingRecords | None = None,
         name: str = "main",
+        rerank: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
@@ -88,6 +96,7 @@ class ModelGuidedSampler:
         self.siblings = siblings
         if siblings is not None:
             siblings.register(name, self.program, history, self.genomes)
+        self.store_ranker = StoreRanker(self.program) if rerank else None
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -165,7 +174,9 @@ class ModelGuidedSampler:
             first.extend(self._sibling_seed(known, {c.key for c in first if isinstance(c, Candidate)}))
         self.rounds += 1
         want = n - len(first)
-        pool = want * WARM_POOL if warm_weight > 0 else want
+        valid = sum(1 for lat in measured.values() if np.isfinite(lat))
+        late = warm_weight == 0 and self.store_ranker is not None and valid >= RERANK_AFTER
+        pool = want * WARM_POOL if warm_weight > 0 else want * RERANK_POOL if late else want
         t0 = time.perf_counter()
         proposals = _core.propose(
             self.program,
@@ -186,6 +197,8 @@ class ModelGuidedSampler:
             t0 = time.perf_counter()
             proposals = self._rerank(proposals, measured, warm_weight)
             self.timing["model"] += time.perf_counter() - t0
+        elif late and proposals:
+            proposals = self._rerank_late(proposals, measured)
         seeded = {c.key for c in first if isinstance(c, Candidate)}
         proposals = [p for p in proposals if p[0] not in seeded]
         proposals = proposals[:want]
@@ -239,11 +252,34 @@ class ModelGuidedSampler:
         assert self.warm is not None
         if not self.warm.train(measured):
             return proposals
-        predicted = self.warm.predict([key for key, _, _ in proposals])
-        by_model = np.empty(len(proposals))
-        by_model[np.argsort(-predicted, kind="stable")] = np.arange(len(proposals))
-        blended = warm_weight * by_model + (1.0 - warm_weight) * np.arange(len(proposals))
-        return [proposals[i] for i in np.argsort(blended, kind="stable")]
+        return blend_ranks(proposals, self.warm.predict([key for key, _, _ in proposals]), warm_weight)
+
+    def _rerank_late(
+        self, proposals: list[tuple[str, str, float]], measured: dict[str, float]
+    ) -> list[tuple[str, str, float]]:
+        """Orders proposals by a blend of the search's rank and the task's own store-feature
+        model (training counts as model time, scoring the proposals as search time)."""
+        assert self.store_ranker is not None
+        t0 = time.perf_counter()
+        trained = self.store_ranker.train(measured)
+        self.timing["model"] += time.perf_counter() - t0
+        if not trained:
+            return proposals
+        t0 = time.perf_counter()
+        predicted = self.store_ranker.predict([key for key, _, _ in proposals])
+        self.timing["search"] += time.perf_counter() - t0
+        return blend_ranks(proposals, predicted, RERANK_WEIGHT)
+
+
+def blend_ranks(
+    proposals: list[tuple[str, str, float]], predicted: np.ndarray, weight: float
+) -> list[tuple[str, str, float]]:
+    """``proposals`` (in the search's order) ordered by ``weight`` x their rank by ``predicted``
+    (higher first) plus ``1 - weight`` x their rank in the search; ties keep the search's order."""
+    by_model = np.empty(len(proposals))
+    by_model[np.argsort(-np.asarray(predicted), kind="stable")] = np.arange(len(proposals))
+    blended = weight * by_model + (1.0 - weight) * np.arange(len(proposals))
+    return [proposals[i] for i in np.argsort(blended, kind="stable")]
 
 
 def anchor_extents(program: str) -> tuple[str, list[int]] | None:

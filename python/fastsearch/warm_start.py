@@ -38,7 +38,7 @@ from tvm.s_tir import Trace
 from tvm_ffi import structural_hash
 
 from fastsearch import _core
-from fastsearch.cost_model import CostModel, StoreFeatureModel, pool_store_features
+from fastsearch.cost_model import CostModel, StoreRanker, pooled_features
 from fastsearch.database import (
     RECORD_FILE,
     WORKLOAD_FILE,
@@ -141,7 +141,7 @@ class WarmStart:
             if src.program is None:
                 continue
             if src.pooled is None:
-                src.pooled = _pooled(src.program, [k for k, _ in src.records])
+                src.pooled = pooled_features(src.program, [k for k, _ in src.records])
             lat = np.array([s for _, s in src.records])
             keep = ~np.isnan(src.pooled[:, 0])
             if np.isfinite(lat[keep]).any():
@@ -200,9 +200,7 @@ class TaskWarmStart:
         self.program = program
         self.seeds = seeds
         self.same_workload = same
-        self.model = StoreFeatureModel()
-        self._features: dict[str, np.ndarray] = {}  # pooled features of this task's candidates
-        self._trained_on = -1
+        self.ranker = StoreRanker(program)  # the store-feature model and this task's features
         self._sketch: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
 
     def sketch_training(
@@ -233,39 +231,16 @@ class TaskWarmStart:
 
     def features(self, keys: Sequence[str]) -> np.ndarray:
         """Pooled per-store features of this task's candidates (NaN rows where they fail)."""
-        todo = [k for k in keys if k not in self._features]
-        if todo:
-            for k, row in zip(todo, _pooled(self.program, todo)):
-                self._features[k] = row
-        return np.stack([self._features[k] for k in keys]) if keys else pool_store_features([])
+        return self.ranker.features(keys)
 
     def train(self, measured: dict[str, float]) -> bool:
         """(Re)trains on the warm records plus this task's ``measured`` (key -> seconds, inf =
         failed); False when there is nothing to learn from."""
-        if len(measured) == self._trained_on and self.model.trained:
-            return True
-        tasks = self.warm.training_set()
-        if measured:
-            keys = list(measured)
-            x = self.features(keys)
-            lat = np.array([measured[k] for k in keys])
-            keep = ~np.isnan(x[:, 0])
-            if np.isfinite(lat[keep]).any():
-                tasks.append((x[keep], lat[keep]))
-        if not tasks:
-            return False
-        self.model.fit(tasks)
-        self._trained_on = len(measured)
-        return True
+        return self.ranker.train(measured, self.warm.training_set())
 
     def predict(self, keys: Sequence[str]) -> np.ndarray:
         """Predicted relative throughput of candidates; -inf where features cannot be taken."""
-        x = self.features(keys)
-        bad = np.isnan(x[:, 0])
-        out = np.full(len(keys), -np.inf)
-        if (~bad).any():
-            out[~bad] = self.model.predict(x[~bad])
-        return out
+        return self.ranker.predict(keys)
 
 
 def shape_distance(a: tvm.tirx.PrimFunc, b: tvm.tirx.PrimFunc) -> float:
@@ -296,13 +271,3 @@ def _program_or_none(func: tvm.tirx.PrimFunc) -> str | None:
         return program_json(func)
     except FastsearchError:
         return None
-
-
-def _pooled(program: str, keys: Sequence[str]) -> np.ndarray:
-    """Pooled features per key; a row of NaN for a candidate the engine cannot replay."""
-    rows = _core.extract_features_each(program, list(keys), True)
-    pooled = pool_store_features([r if r is not None else np.zeros((0, 0), np.float32) for r in rows])
-    for i, r in enumerate(rows):
-        if r is None:
-            pooled[i] = np.nan
-    return pooled
