@@ -3,7 +3,8 @@
 //! A candidate is drawn in two steps. First its structure: for every block, one of the rules
 //! that apply to it (always inline; multi-level tiling "SSRSRS" with no cache, a cache-write
 //! stage or a fused elementwise consumer, placed after tile level 0 or 1; rfactor of a
-//! reduction with little spatial parallelism; a compute location under its consumer). Padding
+//! reduction with little spatial parallelism, its partial and final blocks at the root or under
+//! a loop of the block that consumes them; a compute location under its consumer). Padding
 //! (a conditional elementwise block) is either inlined or computed under one of its tiled
 //! consumer's loops down to S2, as MetaSchedule's CPU rules leave it to a sampled location.
 //! Then its annotation: tile sizes, the parallel and vectorize limits and the unroll depth
