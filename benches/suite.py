@@ -521,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
                 earlier_db = None
                 if args.reuse_metaschedule:
                     old = Path(args.reuse_metaschedule) / path.name
-                    if old.exists():
+                    here = str(resolve_target(None))
+                    if old.exists() and json.loads(old.read_text()).get("target") != here:
+                        # Bests tuned for another CPU are no comparison: tune MetaSchedule here.
+                        print(f"  {old} was tuned for another target: MetaSchedule is tuned anew", file=sys.stderr)
+                    elif old.exists():
                         earlier = json.loads(old.read_text())
                         kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
                         earlier_db = kept if kept.exists() else None
