@@ -107,7 +107,7 @@ def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     """With RERANK_AFTER valid records, the search proposes RERANK_POOL times the batch and the
     batch is the head of those proposals blended with a store-feature model trained on the
     records."""
-    import fastsearch.search as search
+    from fastsearch import search
 
     func = small("GMM")
     history: dict[str, float] = {}
