@@ -510,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.retime:
         retime_runs(out_dir, args.repeat, args.retime_processes)
     elif not args.report:
+        here = str(resolve_target(None))  # the target every run of this suite is tuned for
         for seed in args.seeds:
             for wl in args.workloads:
                 path = out_dir / f"run_{wl.replace(':', '_')}_s{seed}_t{max(args.trials)}.json"
@@ -521,12 +522,12 @@ def main(argv: list[str] | None = None) -> int:
                 earlier_db = None
                 if args.reuse_metaschedule:
                     old = Path(args.reuse_metaschedule) / path.name
-                    here = str(resolve_target(None))
-                    if old.exists() and json.loads(old.read_text()).get("target") != here:
+                    stored = json.loads(old.read_text()) if old.exists() else None
+                    if stored is not None and stored.get("target") != here:
                         # Bests tuned for another CPU are no comparison: tune MetaSchedule here.
                         print(f"  {old} was tuned for another target: MetaSchedule is tuned anew", file=sys.stderr)
-                    elif old.exists():
-                        earlier = json.loads(old.read_text())
+                    elif stored is not None:
+                        earlier = stored
                         kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
                         earlier_db = kept if kept.exists() else None
                     else:

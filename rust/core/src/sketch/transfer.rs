@@ -88,9 +88,6 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
         }
         let info = space.info(block);
         let fits = match rule {
-            Rule::ComputeAt { host, depth } => {
-                known(*host) && *depth < space.host_loop_count(program, &genome.rules, *host)
-            }
             Rule::Tile { cache, level } => {
                 info.simple_loops
                     && *level <= 1
@@ -99,15 +96,11 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
                         _ => true,
                     }
             }
-            Rule::RFactor { at, .. } => {
-                info.simple_loops
-                    && space.rfactor_applies(program, info)
-                    && at.is_none_or(|(host, depth)| {
-                        known(host) && depth < space.host_loop_count(program, &genome.rules, host)
-                    })
-            }
-            Rule::Inline | Rule::Root => true,
-        };
+            Rule::RFactor { .. } => info.simple_loops && space.rfactor_applies(program, info),
+            Rule::ComputeAt { .. } | Rule::Inline | Rule::Root => true,
+        } && rule.location().is_none_or(|(host, depth)| {
+            known(host) && depth < space.host_loop_count(program, &genome.rules, host)
+        });
         if !fits {
             return None;
         }
