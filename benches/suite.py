@@ -144,8 +144,9 @@ def run_one(
     keep: Path | None = None,
     earlier_db: Path | None = None,
     processes: int = 4,
+    rerank: bool = False,
 ) -> dict[str, Any]:
-    """One run; with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
+    """One run (``rerank``: fastsearch's late re-ranking on); with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
     is not tuned again: its curve and profile are taken from that run, and its database from
     ``earlier_db`` (or the earlier run's work directory). MetaSchedule's database files are
     copied to ``keep``, so that a later suite can reuse them."""
@@ -157,7 +158,14 @@ def run_one(
 
     t0 = time.perf_counter()
     fs = tune(
-        func, target, trials=trials, seed=seed, work_dir=work / "fastsearch", name="main", progress=False
+        func,
+        target,
+        trials=trials,
+        seed=seed,
+        work_dir=work / "fastsearch",
+        name="main",
+        progress=False,
+        _rerank=rerank,
     )
     fs_wall = time.perf_counter() - t0
     fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
@@ -192,6 +200,7 @@ def run_one(
             "timing": dict(fs.timing),
             "measured": fs.trials_measured,
             "failed": fs.failed,
+            "rerank": rerank,
             "curve": _curve(fs_points),
         },
         "metaschedule": {
@@ -504,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         "there instead of tuning again (runs it lacks are tuned anew); fastsearch is tuned anew and "
         "both bests are re-timed together",
     )
+    parser.add_argument(
+        "--rerank",
+        action="store_true",
+        help="turn on fastsearch's late re-ranking by the task's store-feature model (off by default)",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -543,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
                     keep,
                     earlier_db,
                     args.retime_processes,
+                    args.rerank,
                 )
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)

@@ -243,8 +243,11 @@ STRATEGIES = ("random", "evolutionary", "annealing")
 _MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
 
 
-def _resolve_sampler(strategy: str | Sampler, warm: WarmStart | None = None) -> _MakeSampler:
-    """Per-task sampler factory for ``strategy``, started from ``warm`` when given."""
+def _resolve_sampler(
+    strategy: str | Sampler, warm: WarmStart | None = None, rerank: bool = False
+) -> _MakeSampler:
+    """Per-task sampler factory for ``strategy``, started from ``warm`` when given; ``rerank``
+    turns on the model-guided search's late re-ranking (:data:`fastsearch.search.RERANK_AFTER`)."""
     if warm is not None and (callable(strategy) or strategy == "random"):
         raise ValueError(
             f"warm_start needs a model-guided strategy ({', '.join(STRATEGIES[1:])}), not {strategy!r}"
@@ -294,6 +297,7 @@ def _resolve_sampler(strategy: str | Sampler, warm: WarmStart | None = None) -> 
                 warm=warm.for_task(task.func, program_json(task.func)) if warm is not None else None,
                 siblings=siblings,
                 name=task.name,
+                rerank=rerank,
             )
 
         return make_guided
@@ -419,6 +423,7 @@ def tune(
     fusion_min_gain: float = 0.01,
     fusion_rounds: int = 20,
     _groups: list[list[int]] | None = None,
+    _rerank: bool = False,
 ) -> TuneResult:
     """Tune a PrimFunc, each PrimFunc of an IRModule, or a whole Relax model.
 
@@ -455,6 +460,9 @@ def tune(
     horizontal fusion) get the rest, and each is kept only when the model, compiled and timed
     end to end in ``fusion_rounds`` interleaved rounds, is at least ``fusion_min_gain`` faster
     with it (:mod:`fastsearch.fusion_search`; ``TuneResult.fusion`` reports every change).
+
+    Arguments whose names start with an underscore are for fastsearch's own benchmarks and
+    experiments (``_rerank``: the search's late re-ranking, off until measured) and may change.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
     :class:`fastsearch.DatabaseError`, :class:`fastsearch.RemoteError` (no reachable device), or
@@ -493,7 +501,7 @@ def tune(
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     tgt = resolve_target(target)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
-    make_sampler = _resolve_sampler(strategy, warm)
+    make_sampler = _resolve_sampler(strategy, warm, rerank=_rerank)
     is_relax = is_relax_module(mod)
     if is_relax:
         assert isinstance(mod, IRModule)
