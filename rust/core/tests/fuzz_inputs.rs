@@ -234,13 +234,7 @@ fn genome_transfer_never_panics() {
             if let Some(moved) = transfer(program, space, &genome) {
                 let _ = emit(program, space, &moved);
                 let _ = estimate_cycles(program, space, &moved, &target);
-                let _ = mutate(
-                    &moved,
-                    program,
-                    space,
-                    &target,
-                    &mut Rng::derive(which as u64, 0),
-                );
+                let _ = mutate(&moved, program, space, &mut Rng::derive(which as u64, 0));
             }
         }
     });

@@ -31,6 +31,14 @@ const OOO_WINDOW_FMAS: f64 = 64.0;
 const VECTOR_REGISTERS: f64 = 32.0;
 /// Registers the register tile's loaded operands (broadcasts, weight vectors) keep busy.
 const OPERAND_REGISTERS: f64 = 4.0;
+/// Steps of an inner loop nest LLVM fully unrolls on its own, before its loop vectorizer runs
+/// (TVM's explicit unrolling reaches further): a 1x1 convolution with 16 steps below its
+/// channel loop vectorizes along the channels with any unroll depth, one with 28 or 32 steps
+/// runs 5-20x slower without unrolling; a depthwise one with 72 needs unroll 512.
+const LLVM_FULL_UNROLL_STEPS: f64 = 16.0;
+/// Largest unrolled body LLVM still vectorizes the loop around: 1x1 convolutions with 224
+/// steps ran at the best kernels' speed, with 448 and 512 eight times slower.
+const LLVM_MAX_BODY_STEPS: f64 = 256.0;
 /// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
 /// into it: every load of that input becomes a compare and a select.
 const INLINED_SELECT_COST: f64 = 1.2;
@@ -172,15 +180,13 @@ fn elements_under_tiles(
     Some(trips * region)
 }
 
-/// Parallel efficiency of fusing the leading spatial loops up to `limit` jobs on `cores`.
+/// Parallel efficiency of the loops TVM's postprocessor fuses into the parallel loop
+/// ([`parallel_loop_count`]: the one that takes the product past `limit` is fused too) on `cores`.
 fn parallel_efficiency(nest: &[LoopDim], limit: i64, cores: i64) -> f64 {
-    let mut jobs = 1.0;
-    for l in nest {
-        if !l.spatial || jobs * l.extent > limit as f64 {
-            break;
-        }
-        jobs *= l.extent;
-    }
+    let jobs: f64 = nest[..parallel_loop_count(nest, limit)]
+        .iter()
+        .map(|l| l.extent)
+        .product();
     let c = cores as f64;
     let waves = (jobs / c).ceil();
     jobs / (waves * c)
@@ -207,6 +213,81 @@ fn vector_efficiency(
     }
 }
 
+/// Loops TVM's postprocessor fuses into the parallel loop: the leading spatial loops, up to and
+/// including the one that takes the product past `limit` (RewriteParallelVectorizeUnroll).
+fn parallel_loop_count(nest: &[LoopDim], limit: i64) -> usize {
+    let mut prod = 1.0;
+    let mut count = 0;
+    for l in nest {
+        if !l.spatial {
+            break;
+        }
+        count += 1;
+        prod *= l.extent;
+        if prod > limit as f64 {
+            break;
+        }
+    }
+    count
+}
+
+/// Whether every read of `block` walks `var` with unit stride in its last dimension or not at
+/// all: LLVM's loop vectorizer then loads (or broadcasts) whole vectors along it.
+fn reads_contiguous_along(program: &Program, block: usize, var: usize) -> bool {
+    let b = &program.blocks[block];
+    let name = &b.iter_vars[var].name;
+    b.reads.iter().all(|r| {
+        let last = r.region.len().saturating_sub(1);
+        r.region.iter().enumerate().all(|(dim, (min, _))| {
+            let Some(lin) = linear_in_iter_vars(min, b) else {
+                return false;
+            };
+            let coef: i64 = lin
+                .terms
+                .values()
+                .filter(|(atom, _)| matches!(atom, Expr::Var(n) if n == name))
+                .map(|(_, c)| *c)
+                .sum();
+            coef == 0 || (dim == last && coef == 1)
+        })
+    })
+}
+
+/// The loop LLVM vectorizes when TVM vectorizes nothing: TVM's explicit unrolling
+/// (`pragma_auto_unroll_max_step`) turns the innermost loops into straight-line code as long as
+/// their steps multiply to at most `unroll` (LLVM's own full unrolling goes as far as
+/// [`LLVM_FULL_UNROLL_STEPS`]); the first loop above them is then LLVM's innermost
+/// loop, and when it walks the output's contiguous axis (and every read along it is contiguous
+/// or a broadcast) the loop vectorizer vectorizes it, each unrolled output point becoming a
+/// vector accumulator. MetaSchedule's best depthwise kernel here is of this kind: channels at
+/// S1, a 72-step inner nest, 68 us with unroll 512 against 743 us with none.
+/// Returns the index of that loop in `nest` and the unrolled loops' steps.
+fn llvm_vector_loop(
+    nest: &[LoopDim],
+    unroll: f64,
+    contiguous_var: Option<usize>,
+    parallel_loops: usize,
+) -> Option<(usize, f64)> {
+    let unroll = unroll.max(LLVM_FULL_UNROLL_STEPS);
+    let mut steps = 1.0;
+    let mut idx = nest.len();
+    while idx > 0 {
+        let l = &nest[idx - 1];
+        if l.extent > 1.0 && steps * l.extent > unroll {
+            break;
+        }
+        steps *= l.extent;
+        idx -= 1;
+    }
+    let l = nest.get(idx.checked_sub(1)?)?;
+    (steps > 1.0
+        && steps <= LLVM_MAX_BODY_STEPS
+        && l.spatial
+        && Some(l.var) == contiguous_var
+        && idx > parallel_loops)
+        .then_some((idx - 1, steps))
+}
+
 /// What the model works out for one block of a candidate; also the learned model's features.
 #[derive(Clone, Debug, Default)]
 pub struct BlockEstimate {
@@ -228,6 +309,9 @@ pub struct BlockEstimate {
     pub l1_moved: f64,
     /// Products of the tile factors of each SSRSRS level (spatial 0..4, then reduction 0..2).
     pub level_extents: [f64; 6],
+    /// Steps of the innermost loops TVM unrolls, when LLVM vectorizes the loop above them
+    /// ([`llvm_vector_loop`]); 0 otherwise.
+    pub llvm_unrolled_steps: f64,
 }
 
 /// Estimates one block under its rule.
@@ -253,7 +337,7 @@ pub fn estimate_block(
             Expr::Var(n) => b.iter_vars.iter().position(|v| v.name == *n),
             _ => None,
         });
-    let unroll_bonus = match UNROLL_CANDIDATES.get(genome.unroll) {
+    let mut unroll_bonus = match UNROLL_CANDIDATES.get(genome.unroll) {
         Some(0) | None => 1.0,
         Some(u) if *u <= 64 => 0.9,
         _ => 0.95,
@@ -338,6 +422,76 @@ pub fn estimate_block(
                 * spill
                 * latency_bound.max(load_bound)
                 * INLINED_SELECT_COST.powi(inlined_selects as i32);
+            // TVM vectorizes nothing when the contiguous axis has no S3 extent; what LLVM makes
+            // of the unrolled inner nest can then be far faster than the scalar loop. Not with
+            // padding inlined: its conditional loads keep LLVM from vectorizing (a depthwise
+            // kernel at 70 us with its padding computed under the channel loop ran at 324 us
+            // with the padding inlined).
+            let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
+            let tvm_vectorizes =
+                inner.is_some_and(|l| l.spatial && l.extent > 1.0) || inlined_selects > 0;
+            let parallel_loops =
+                parallel_loop_count(&nest[..parallel_prefix.min(nest.len())], genome.parallel);
+            if let Some((at, steps)) = (!tvm_vectorizes)
+                .then(|| llvm_vector_loop(&nest, unroll, contiguous_var, parallel_loops))
+                .flatten()
+                .filter(|(at, _)| reads_contiguous_along(program, block, nest[*at].var))
+            {
+                let l = nest[at];
+                let body = &nest[at + 1..];
+                let points: f64 = body
+                    .iter()
+                    .filter(|d| d.spatial)
+                    .map(|d| d.extent)
+                    .product();
+                let fmas: f64 = body.iter().map(|d| d.extent).product();
+                let eff = l.extent / (lanes * (l.extent / lanes).ceil());
+                // One vector load (or broadcast) per element of each read the body touches,
+                // and each accumulator loaded and stored again around the body: the body is
+                // one step of L, so partial sums live in memory between its iterations. LLVM
+                // interleaves up to 4 vectors of L while registers last, and a broadcast (a
+                // read that does not walk L) then serves all of them.
+                let interleave = (l.extent / lanes)
+                    .ceil()
+                    .min(4.0)
+                    .min(((VECTOR_REGISTERS - OPERAND_REGISTERS) / points).floor())
+                    .max(1.0);
+                let loads: f64 = reads
+                    .iter()
+                    .map(|(vars, _)| {
+                        let elems: f64 = body
+                            .iter()
+                            .filter(|d| vars.contains(&d.var))
+                            .map(|d| d.extent)
+                            .product();
+                        if vars.contains(&l.var) {
+                            elems
+                        } else {
+                            elems / interleave
+                        }
+                    })
+                    .sum::<f64>()
+                    + 2.0 * points;
+                let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
+                let latency = (FMA_CHAINS / (points * overlap)).max(1.0);
+                let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+                    .max(1.0)
+                    .powi(2);
+                let cycles = flops / (2.0 * lanes * eff)
+                    * spill
+                    * latency.max((loads / fmas).max(1.0))
+                    * INLINED_SELECT_COST.powi(inlined_selects as i32);
+                if cycles < e.compute_cycles {
+                    e.compute_cycles = cycles;
+                    e.vector_efficiency = eff;
+                    e.accumulators = points * lanes;
+                    e.inner_extent = l.extent;
+                    e.inner_contiguous = true;
+                    e.llvm_unrolled_steps = steps;
+                    // The unrolled body is the point of this path, whatever the unroll depth.
+                    unroll_bonus = 0.9;
+                }
+            }
             let l1_bw = if e.l2_footprint <= L1_BYTES {
                 L1_BW
             } else {
@@ -412,6 +566,26 @@ pub fn estimate_block(
             e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency);
             e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
             e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
+            if matches!(rule, Some(Rule::Root)) && space.optional_inline.contains(&block) {
+                // Padding as a pass of its own: nothing to overlap it with, so it streams
+                // its input and the padded copy (written, then read back by the consumer)
+                // at the bandwidth of the level they fit in.
+                let written: f64 = b
+                    .writes
+                    .iter()
+                    .map(|w| {
+                        let buf = &program.buffers[w.buffer];
+                        buf.shape.iter().product::<i64>() as f64 * buf.element_bytes() as f64
+                    })
+                    .sum();
+                let read: f64 = reads.iter().map(|(_, by)| iterations * by).sum();
+                let bw = if written + read <= L2_BYTES * cores {
+                    L2_BW
+                } else {
+                    MEM_BW
+                };
+                e.memory_cycles = (read + 2.0 * written) / bw / MEMORY_WEIGHT;
+            }
         }
     }
     // Prefetching and out-of-order execution hide most of the traffic the reuse model counts:
@@ -447,4 +621,88 @@ pub fn score(
         .iter()
         .map(|g| -estimate_cycles(program, space, g, target).max(1.0).ln())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dim(var: usize, extent: f64, spatial: bool) -> LoopDim {
+        LoopDim {
+            var,
+            extent,
+            spatial,
+        }
+    }
+
+    /// A depthwise convolution's nest (h, w, c; rh, rw) tiled as MetaSchedule's best one here:
+    /// S0 (h 7, w 14) S1 (c 64) R0 (rh 3) S2 (h 2, w 2) R1 (rw 3) S3 (h 2, c 1).
+    fn depthwise() -> Vec<LoopDim> {
+        let (h, w, c, rh, rw) = (0, 1, 2, 3, 4);
+        vec![
+            dim(h, 7.0, true),
+            dim(w, 14.0, true),
+            dim(c, 1.0, true),
+            dim(h, 1.0, true),
+            dim(w, 1.0, true),
+            dim(c, 64.0, true),
+            dim(rh, 3.0, false),
+            dim(rw, 1.0, false),
+            dim(h, 2.0, true),
+            dim(w, 2.0, true),
+            dim(c, 1.0, true),
+            dim(rh, 1.0, false),
+            dim(rw, 3.0, false),
+            dim(h, 2.0, true),
+            dim(w, 1.0, true),
+            dim(c, 1.0, true),
+        ]
+    }
+
+    #[test]
+    fn llvm_vectorizes_the_channel_loop_once_the_nest_below_it_is_unrolled() {
+        let nest = depthwise();
+        // 72 steps below c: unroll 512 reaches c, which becomes LLVM's innermost loop.
+        assert_eq!(llvm_vector_loop(&nest, 512.0, Some(2), 2), Some((5, 72.0)));
+        // Unroll 64 stops at rh, a reduction loop; nothing LLVM vectorizes along c.
+        assert_eq!(llvm_vector_loop(&nest, 64.0, Some(2), 2), None);
+        assert_eq!(llvm_vector_loop(&nest, 0.0, Some(2), 2), None);
+        // Not along the output's contiguous axis, or fused into the parallel loop: no.
+        assert_eq!(llvm_vector_loop(&nest, 512.0, Some(0), 2), None);
+        assert_eq!(llvm_vector_loop(&nest, 512.0, Some(2), 6), None);
+    }
+
+    #[test]
+    fn llvm_unrolls_a_short_nest_on_its_own() {
+        // A 1x1 convolution: co 64 at S2, rc 8 at R1, h 2 at S3: 16 steps, no TVM unrolling.
+        let (h, co, rc) = (0, 1, 2);
+        let nest = vec![
+            dim(h, 28.0, true),
+            dim(co, 1.0, true),
+            dim(rc, 8.0, false),
+            dim(co, 64.0, true),
+            dim(rc, 8.0, false),
+            dim(h, 2.0, true),
+            dim(co, 1.0, true),
+        ];
+        assert_eq!(llvm_vector_loop(&nest, 0.0, Some(co), 1), Some((3, 16.0)));
+        // rc 32 at R1: 64 steps need TVM's unrolling, and 512 are more than LLVM vectorizes.
+        let mut longer = nest.clone();
+        longer[4].extent = 32.0;
+        assert_eq!(llvm_vector_loop(&longer, 0.0, Some(co), 1), None);
+        assert_eq!(
+            llvm_vector_loop(&longer, 64.0, Some(co), 1),
+            Some((3, 64.0))
+        );
+        longer[5].extent = 16.0;
+        assert_eq!(llvm_vector_loop(&longer, 512.0, Some(co), 1), None);
+    }
+
+    #[test]
+    fn parallel_loops_include_the_one_that_passes_the_limit() {
+        let nest = depthwise();
+        // 7 jobs, then 98 > 32: both loops are fused into the parallel loop.
+        assert_eq!(parallel_loop_count(&nest, 32), 2);
+        assert_eq!(parallel_loop_count(&nest, 128), 6);
+    }
 }

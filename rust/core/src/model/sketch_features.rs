@@ -9,7 +9,7 @@ use crate::program::Program;
 use crate::sketch::{CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES};
 
 /// Names of the features, in order.
-pub const SKETCH_FEATURE_NAMES: [&str; 34] = [
+pub const SKETCH_FEATURE_NAMES: [&str; 35] = [
     "log_flops",
     "log_est_cycles",
     "log_compute_cycles",
@@ -44,6 +44,7 @@ pub const SKETCH_FEATURE_NAMES: [&str; 34] = [
     "n_compute_at",
     "n_root",
     "dominant_share",
+    "log_llvm_unrolled_steps",
 ];
 
 pub const SKETCH_FEATURES: usize = SKETCH_FEATURE_NAMES.len();
@@ -116,5 +117,6 @@ pub fn sketch_features(
         count(|r| r.location().is_some()),
         count(|r| matches!(r, Rule::Root)),
         (e.cycles / total.max(1e-9)) as f32,
+        lg(e.llvm_unrolled_steps),
     ]
 }

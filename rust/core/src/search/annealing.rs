@@ -73,7 +73,6 @@ pub fn anneal(
                     g,
                     ctx.program,
                     ctx.space,
-                    ctx.target,
                     &mut Rng::derive(step_seed, i as u64),
                 )
             })

@@ -120,10 +120,10 @@ pub fn evolve(
                 if rng.chance(config.crossover_prob) {
                     let b = &population[rng.weighted(&weights)];
                     if let Some(child) = crossover(a, b, &mut rng) {
-                        return mutate(&child, ctx.program, ctx.space, ctx.target, &mut rng);
+                        return mutate(&child, ctx.program, ctx.space, &mut rng);
                     }
                 }
-                mutate(a, ctx.program, ctx.space, ctx.target, &mut rng)
+                mutate(a, ctx.program, ctx.space, &mut rng)
             })
             .collect();
         let child_scores = seen.score(ctx, scorer, &children);

@@ -5,11 +5,11 @@
 //! stage or a fused elementwise consumer, placed after tile level 0 or 1; rfactor of a
 //! reduction with little spatial parallelism, its partial and final blocks at the root or under
 //! a loop of the block that consumes them; a compute location under its consumer). Padding
-//! (a conditional elementwise block) is either inlined or computed under one of its tiled
-//! consumer's loops down to S2, as MetaSchedule's CPU rules leave it to a sampled location.
-//! Then its annotation: tile sizes, the parallel and vectorize limits and the unroll depth
-//! that TVM's RewriteParallelVectorizeUnroll turns into loops. Both are emitted as one
-//! MetaSchedule trace.
+//! (a conditional elementwise block) is inlined, computed at the root, or computed under one
+//! of its tiled consumer's loops down to S2, as MetaSchedule's CPU rules leave it to a sampled
+//! location. Then its annotation: tile sizes and the unroll depth, with MetaSchedule's fixed
+//! parallel and vectorize limits, which TVM's RewriteParallelVectorizeUnroll turns into loops.
+//! Both are emitted as one MetaSchedule trace.
 
 mod analysis;
 mod mutate;
@@ -61,8 +61,17 @@ pub const MAX_INNERMOST_FACTOR: i64 = 64;
 pub const MIN_RFACTOR_EXTENT: i64 = 16;
 /// Unroll depths the annotation draws from (`pragma_auto_unroll_max_step`).
 pub const UNROLL_CANDIDATES: [i64; 4] = [0, 16, 64, 512];
-pub const VECTORIZE_CANDIDATES: [i64; 3] = [16, 32, 64];
-pub const PARALLEL_JOBS_PER_CORE: [i64; 3] = [4, 16, 64];
+/// The parallel and vectorize limits every drawn candidate gets, MetaSchedule's CPU defaults
+/// (16 jobs per core, loops up to 64 long). They are not searched: drawn from three values each,
+/// they made a third of a 64-trial run measure the same tiling again with another limit, at the
+/// same speed (BENCHMARKS.md, "Annotations pinned"). Genomes keep both fields, so candidates
+/// stored with other limits still replay.
+pub const PARALLEL_JOBS_PER_CORE: i64 = 16;
+pub const MAX_VECTORIZE_EXTENT: i64 = 64;
+/// Odds of the placements a conditional block (padding) is drawn with: inlined into its
+/// consumer, a pass of its own at the root, else one of the loops of its consumer.
+pub const PADDING_INLINE_PROB: f64 = 0.4;
+pub const PADDING_ROOT_PROB: f64 = 0.2;
 
 /// The structural rule chosen for one block.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -208,11 +217,21 @@ impl SketchSpace {
             }
             let consumers = self.consumers(info.block);
             if self.optional_inline.contains(&info.block) {
-                // Inlined or computed under its consumer, even odds; never a pass of its own at
-                // the root, which costs small and depthwise convolutions more than the select.
+                // Inlined, a pass of its own at the root, or computed under a loop of its
+                // consumer, as MetaSchedule's CPU rules leave padding to a sampled compute
+                // location: each wins somewhere (the root on C1D and 3x3 convolutions on 7x7
+                // images, inlining on depthwise ones).
                 let locations = self.locations(program, info, &consumers, &rules);
-                let rule = if locations.is_empty() || rng.chance(0.5) {
+                let placed = if locations.is_empty() {
+                    PADDING_INLINE_PROB + PADDING_ROOT_PROB
+                } else {
+                    1.0
+                };
+                let u = rng.unit() * placed;
+                let rule = if u < PADDING_INLINE_PROB {
                     Rule::Inline
+                } else if u < PADDING_INLINE_PROB + PADDING_ROOT_PROB {
+                    Rule::Root
                 } else {
                     rng.choose(&locations).clone()
                 };
@@ -336,8 +355,8 @@ impl SketchSpace {
         Genome {
             rules,
             tiles,
-            parallel: *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores,
-            vectorize: *rng.choose(&VECTORIZE_CANDIDATES),
+            parallel: PARALLEL_JOBS_PER_CORE * target.num_cores,
+            vectorize: MAX_VECTORIZE_EXTENT,
             unroll: rng.below(UNROLL_CANDIDATES.len()),
         }
     }

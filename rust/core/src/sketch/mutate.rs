@@ -1,12 +1,11 @@
 //! Mutation and crossover of candidates, for the evolutionary search.
 //!
 //! Mutations keep a candidate inside its sketch: they move a prime factor between tile levels,
-//! redraw one loop's tiling, change one annotation, or change where a tile writes back.
+//! redraw one loop's tiling, change the unroll depth, or change where a tile writes back or
+//! where a block is computed.
 
-use super::{prime_factors, sample_perfect_tile, CpuTarget, SketchSpace, MAX_INNERMOST_FACTOR};
-use super::{
-    Genome, Rule, WriteCache, PARALLEL_JOBS_PER_CORE, UNROLL_CANDIDATES, VECTORIZE_CANDIDATES,
-};
+use super::{prime_factors, sample_perfect_tile, SketchSpace, MAX_INNERMOST_FACTOR};
+use super::{Genome, Rule, WriteCache, UNROLL_CANDIDATES};
 use crate::program::Program;
 use crate::rng::Rng;
 
@@ -33,19 +32,14 @@ fn move_factor(factors: &mut [i64], rng: &mut Rng) -> bool {
 }
 
 /// One random change to `genome`; the result may equal the input when no change applied.
-pub fn mutate(
-    genome: &Genome,
-    program: &Program,
-    space: &SketchSpace,
-    target: &CpuTarget,
-    rng: &mut Rng,
-) -> Genome {
+pub fn mutate(genome: &Genome, program: &Program, space: &SketchSpace, rng: &mut Rng) -> Genome {
     let mut g = genome.clone();
     let tiled: Vec<usize> = g.tiles.keys().copied().collect();
     for _ in 0..8 {
         let changed = match rng.below(10) {
-            // Tile sizes are where most of the performance is: mutate them most often.
-            0..=4 if !tiled.is_empty() => {
+            // Tile sizes are where most of the performance is: mutate them most often. The
+            // parallel and vectorize limits are fixed (`PARALLEL_JOBS_PER_CORE`).
+            0..=6 if !tiled.is_empty() => {
                 let block = *rng.choose(&tiled);
                 let loops = g.tiles.get_mut(&block).expect("tiled block");
                 let li = rng.below(loops.len());
@@ -59,14 +53,6 @@ pub fn mutate(
                     loops[li] = fresh;
                     changed
                 }
-            }
-            5 => {
-                let jobs = *rng.choose(&PARALLEL_JOBS_PER_CORE) * target.num_cores;
-                std::mem::replace(&mut g.parallel, jobs) != jobs
-            }
-            6 => {
-                let v = *rng.choose(&VECTORIZE_CANDIDATES);
-                std::mem::replace(&mut g.vectorize, v) != v
             }
             7 => {
                 let u = rng.below(UNROLL_CANDIDATES.len());
@@ -127,8 +113,8 @@ fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng:
     true
 }
 
-/// Inlines a conditional block computed under its consumer, or moves it one loop in or out,
-/// or computes an inlined one at a random location under its consumer.
+/// Moves a conditional block (padding) one loop in or out under its consumer, or to another of
+/// its placements: inlined, a pass of its own at the root, or a random loop of its consumer.
 fn move_optional_inline(
     g: &mut Genome,
     program: &Program,
@@ -142,9 +128,16 @@ fn move_optional_inline(
         &space.consumers(block),
         &g.rules,
     );
+    let elsewhere = |rng: &mut Rng, other: Rule| {
+        if locations.is_empty() || rng.chance(0.5) {
+            other
+        } else {
+            rng.choose(&locations).clone()
+        }
+    };
     let current = g.rules[&block].clone();
     let next = match &current {
-        Rule::ComputeAt { host, depth } if !rng.chance(0.5) => {
+        Rule::ComputeAt { host, depth } if rng.chance(0.5) => {
             let deeper = Rule::ComputeAt {
                 host: *host,
                 depth: depth + 1,
@@ -157,15 +150,22 @@ fn move_optional_inline(
                     depth: depth - 1,
                 }
             } else {
-                return false;
+                Rule::Root
             }
         }
-        Rule::ComputeAt { .. } => Rule::Inline,
-        _ if locations.is_empty() => return false,
-        _ => rng.choose(&locations).clone(),
+        Rule::ComputeAt { .. } => {
+            if rng.chance(0.5) {
+                Rule::Inline
+            } else {
+                Rule::Root
+            }
+        }
+        Rule::Inline => elsewhere(rng, Rule::Root),
+        _ => elsewhere(rng, Rule::Inline),
     };
+    let changed = next != current;
     g.rules.insert(block, next);
-    true
+    changed
 }
 
 /// A child taking each block's tiling from one parent or the other; `None` when the parents
@@ -181,13 +181,7 @@ pub fn crossover(a: &Genome, b: &Genome, rng: &mut Rng) -> Option<Genome> {
         }
     }
     if rng.chance(0.5) {
-        child.parallel = b.parallel;
-    }
-    if rng.chance(0.5) {
         child.unroll = b.unroll;
-    }
-    if rng.chance(0.5) {
-        child.vectorize = b.vectorize;
     }
     Some(child)
 }

@@ -79,7 +79,7 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
             return None;
         }
         let inline_fits = if space.optional_inline.contains(&block) {
-            matches!(rule, Rule::Inline | Rule::ComputeAt { .. })
+            matches!(rule, Rule::Inline | Rule::Root | Rule::ComputeAt { .. })
         } else {
             space.inlined.contains(&block) == (*rule == Rule::Inline)
         };
