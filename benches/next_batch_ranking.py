@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--vector-bytes", type=int, default=64)
+    parser.add_argument("--fma-per-cycle", type=float, default=2.0, help="1 on Zen 4 (fastsearch.sample.fma_per_cycle)")
     args = parser.parse_args(argv)
 
     names = [f"sketch depth {d}" for d in DEPTHS] + ["per-store features"]
@@ -75,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             program, keys, lats, genomes = got
             rows = np.asarray(
-                _core.sketch_feature_rows(program, args.cores, args.vector_bytes, [genomes[k] for k in keys])
+                _core.sketch_feature_rows(
+                    program, args.cores, args.vector_bytes, [genomes[k] for k in keys], args.fma_per_cycle
+                )
             ).reshape(len(keys), -1)
             pooled = np.nan_to_num(pooled_features(program, keys))
             wl = per_workload.setdefault(run["workload"], {n: [] for n in names})

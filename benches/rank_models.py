@@ -23,7 +23,7 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.sample import Postprocessor, num_cores, replay, vector_bytes
+from fastsearch.sample import Postprocessor, fma_per_cycle, num_cores, replay, vector_bytes
 from fastsearch.target import resolve_target
 from fastsearch.tir_import import program_json
 from tvm.s_tir.meta_schedule.testing import te_workload
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the table as markdown here")
     args = ap.parse_args()
     target = resolve_target(None)
-    cores, vbytes = num_cores(target), vector_bytes(target)
+    cores, vbytes, fmas = num_cores(target), vector_bytes(target), fma_per_cycle(target)
     records = Path(args.records)
     have: dict[str, list[dict]] = {}
     if records.exists():
@@ -84,8 +84,8 @@ def main() -> None:
                     rs.append(r)
         genomes = [r["genome"] for r in rs]
         lat = np.array([r["lat"] for r in rs])
-        rows = _core.sketch_feature_rows(doc, cores, vbytes, genomes)
-        analytical = np.array(_core.analytical_scores(doc, cores, vbytes, genomes))
+        rows = _core.sketch_feature_rows(doc, cores, vbytes, genomes, fmas)
+        analytical = np.array(_core.analytical_scores(doc, cores, vbytes, genomes, fmas))
         data[w] = (rows, lat, analytical)
 
     lines = [

@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from fastsearch import _core
 from fastsearch.cli import load_workload
-from fastsearch.sample import Postprocessor, base_schedule, replay
+from fastsearch.sample import Postprocessor, base_schedule, fma_per_cycle, replay, vector_bytes
 from fastsearch.target import resolve_target
 from fastsearch.tir_import import program_json
 
@@ -32,16 +32,17 @@ from kernel_retime import retime_in_processes
 UNROLL_DEPTHS = (0, 16, 64, 512)
 
 
-def probe(workload: str, per_path: int, draws: int, seed: int, cores: int, vector_bytes: int) -> None:
+def probe(workload: str, per_path: int, draws: int, seed: int) -> None:
     func = load_workload(workload).func
     target = resolve_target(None)
+    cores, vbytes, fmas = int(target.attrs["num-cores"]), vector_bytes(target), fma_per_cycle(target)
     prog = program_json(func)
     names = list(_core.SKETCH_FEATURE_NAMES)
     steps_col = names.index("log_llvm_unrolled_steps")
-    pairs = _core.sample_genomes(prog, cores, vector_bytes, draws, seed)
+    pairs = _core.sample_genomes(prog, cores, vbytes, draws, seed, fma_per_cycle=fmas)
     genomes = [g for _, g in pairs]
-    rows = np.asarray(_core.sketch_feature_rows(prog, cores, vector_bytes, genomes))
-    scores = np.array(_core.analytical_scores(prog, cores, vector_bytes, genomes))
+    rows = np.asarray(_core.sketch_feature_rows(prog, cores, vbytes, genomes, fmas))
+    scores = np.array(_core.analytical_scores(prog, cores, vbytes, genomes, fmas))
     by_path = {
         "LLVM": [i for i in range(len(genomes)) if rows[i, steps_col] > 0],
         "TVM": [i for i in range(len(genomes)) if rows[i, steps_col] == 0],
@@ -75,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-path", type=int, default=12)
     ap.add_argument("--draws", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--cores", type=int, default=2)
-    ap.add_argument("--vector-bytes", type=int, default=64)
     args = ap.parse_args(argv)
     for wl in args.workloads:
-        probe(wl, args.per_path, args.draws, args.seed, args.cores, args.vector_bytes)
+        probe(wl, args.per_path, args.draws, args.seed)
     return 0
 
 

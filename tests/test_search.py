@@ -11,6 +11,7 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
+from fastsearch.sample import fma_per_cycle
 from fastsearch.search import (
     MIN_RECORDS,
     RERANK_AFTER,
@@ -242,6 +243,20 @@ def test_analytical_model_waits_on_short_fma_chains_only_without_independent_wor
     a, b, c = _core.analytical_scores(program, 2, 64, [one_chain, eight_vectors, overlapped])
     assert b - a == pytest.approx(np.log(8 / (9 / 8)), rel=0.05)
     assert c - a == pytest.approx(np.log(8 / 2), rel=0.05)
+    # A core issuing one 512-bit FMA a cycle (Zen 4) needs half the chains: one vector waits
+    # 4x, not 8x, and four vectors keep it busy.
+    four_vectors = genome([4, 4, 1, 4], [1, 4, 1, 16], [1, 64])
+    one, four, eight = _core.analytical_scores(
+        program, 2, 64, [one_chain, four_vectors, eight_vectors], fma_per_cycle=1.0
+    )
+    assert four - one == pytest.approx(np.log(4 / (5 / 4)), rel=0.05)
+    assert eight - four == pytest.approx(np.log((5 / 4) / (9 / 8)), abs=0.05)
+
+
+def test_target_fma_rate():
+    assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})) == 1.0
+    assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})) == 2.0
+    assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "num-cores": 2})) == 2.0
 
 
 def test_anchor_of_a_fused_function_is_its_reduction():

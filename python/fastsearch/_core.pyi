@@ -20,14 +20,20 @@ def extract_features_each(
     program_json: str, trace_jsons: list[str], postprocess: bool = False
 ) -> list[np.ndarray | None]: ...
 def sample_genomes(
-    program_json: str, num_cores: int, vector_bytes: int, n: int, seed: int, exclude: list[str] = ...
+    program_json: str,
+    num_cores: int,
+    vector_bytes: int,
+    n: int,
+    seed: int,
+    exclude: list[str] = ...,
+    fma_per_cycle: float = 2.0,
 ) -> list[tuple[str, str]]: ...
 def transfer_genomes(program_json: str, genomes: list[str]) -> list[tuple[str, str] | None]: ...
 def transfer_sibling_genomes(
     source_program_json: str, program_json: str, genomes: list[str]
 ) -> list[tuple[str, str] | None]: ...
 def analytical_scores(
-    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str]
+    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str], fma_per_cycle: float = 2.0
 ) -> list[float]: ...
 def propose(
     program_json: str,
@@ -42,9 +48,10 @@ def propose(
     generations: int | None = None,
     model_json: str | None = None,
     model_weight: float = 0.0,
+    fma_per_cycle: float = 2.0,
 ) -> list[tuple[str, str, float]]: ...
 def sketch_feature_rows(
-    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str]
+    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str], fma_per_cycle: float = 2.0
 ) -> np.ndarray: ...
 def forest_predict(model_json: str, rows: np.ndarray) -> list[float]: ...
 

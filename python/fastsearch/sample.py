@@ -108,6 +108,18 @@ def vector_bytes(target: tvm.target.Target) -> int:
     return 16
 
 
+#: LLVM CPUs that issue one FMA of their widest vectors per cycle where most x86 cores issue
+#: two: Zen 4 runs 512-bit vectors on 256-bit units, Zen 1 256-bit ones on 128-bit units.
+_HALF_RATE_FMA = ("znver1", "znver4")
+
+
+def fma_per_cycle(target: tvm.target.Target) -> float:
+    """Vector FMAs of :func:`vector_bytes` width a core of ``target`` issues per cycle (what the
+    analytical model's compute and latency terms assume)."""
+    mcpu = str(target.attrs.get("mcpu", "")) if target.attrs is not None else ""
+    return 1.0 if mcpu in _HALF_RATE_FMA else 2.0
+
+
 def base_schedule(func: tvm.tirx.PrimFunc) -> Schedule:
     """An untouched schedule of ``func`` that :func:`replay` copies for every candidate."""
     return Schedule(tvm.IRModule({"main": fresh_copy(func)}))

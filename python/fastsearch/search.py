@@ -20,7 +20,15 @@ import tvm
 
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, StoreRanker
-from fastsearch.sample import Candidate, Postprocessor, base_schedule, num_cores, replay, vector_bytes
+from fastsearch.sample import (
+    Candidate,
+    Postprocessor,
+    base_schedule,
+    fma_per_cycle,
+    num_cores,
+    replay,
+    vector_bytes,
+)
 from fastsearch.tir_import import program_json
 from fastsearch.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
 
@@ -80,6 +88,7 @@ class ModelGuidedSampler:
         self.base = base_schedule(func)
         self.cores = num_cores(target)
         self.vector_bytes = vector_bytes(target)
+        self.fma_per_cycle = fma_per_cycle(target)
         self.history = history
         self.postprocessor = postprocessor or Postprocessor(func, target)
         self.population = population
@@ -113,9 +122,11 @@ class ModelGuidedSampler:
         # computed on their own programs, labelled within their own task.
         others = []
         if self.warm is not None:
-            others.append(self.warm.sketch_training(self.cores, self.vector_bytes))
+            others.append(self.warm.sketch_training(self.cores, self.vector_bytes, self.fma_per_cycle))
         if self.siblings is not None:
-            others.append(self.siblings.training(self.name, self.cores, self.vector_bytes))
+            others.append(
+                self.siblings.training(self.name, self.cores, self.vector_bytes, self.fma_per_cycle)
+            )
         other = [o for o in others if o is not None]
         if not other and (len(known) < MIN_RECORDS or not seeds):
             if self.saved_model is not None:  # a model saved by an earlier run starts us warm
@@ -123,7 +134,11 @@ class ModelGuidedSampler:
                 return model_json, min(1.0, trained_on / FULL_WEIGHT_RECORDS), seeds
             return None, 0.0, seeds
         rows = _core.sketch_feature_rows(
-            self.program, self.cores, self.vector_bytes, [self.genomes[k] for k, _ in known]
+            self.program,
+            self.cores,
+            self.vector_bytes,
+            [self.genomes[k] for k, _ in known],
+            self.fma_per_cycle,
         )
         labels = CostModel.labels(np.array([lat for _, lat in known]))
         weights = np.ones(len(known))
@@ -167,7 +182,7 @@ class ModelGuidedSampler:
             pending = [(k, g) for k, g in self.warm.seeds if k not in known]
             if self.rounds == 0:
                 first = self._warm_seeds(pending, n)
-            if self.warm.sketch_training(self.cores, self.vector_bytes) is None:
+            if self.warm.sketch_training(self.cores, self.vector_bytes, self.fma_per_cycle) is None:
                 # No genomes to train the search's own model on: the per-store model re-ranks.
                 valid = sum(1 for lat in measured.values() if np.isfinite(lat))
                 warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
@@ -192,6 +207,7 @@ class ModelGuidedSampler:
             self.generations,
             model_json,
             weight,
+            self.fma_per_cycle,
         )
         self.timing["search"] += time.perf_counter() - t0
         if warm_weight > 0 and self.warm is not None and proposals:
@@ -313,7 +329,7 @@ class _Sibling:
         self.history = history
         self.genomes = genomes
         self.anchor = anchor_extents(program)
-        self.rows: dict[tuple[int, int, str], np.ndarray] = {}  # sketch feature rows, by key
+        self.rows: dict[tuple[int, int, float, str], np.ndarray] = {}  # sketch feature rows, by key
         self.moved: dict[tuple[str, str], tuple[str, str] | None] = {}  # (to task, key) -> refit
 
 
@@ -334,7 +350,9 @@ class SiblingRecords:
         """Add a task; ``genomes`` is the sampler's own dict, which grows as it proposes."""
         self.tasks[name] = _Sibling(program, history, genomes)
 
-    def training(self, name: str, cores: int, vector_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def training(
+        self, name: str, cores: int, vector_bytes: int, fma_per_cycle: float = 2.0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(rows, labels, weights) of the siblings of task ``name``; None when none has a
         measured record near enough."""
         mine = self.tasks[name]
@@ -349,14 +367,15 @@ class SiblingRecords:
             known = [(k, lat) for k, lat in other.history() if k in other.genomes]
             if not any(math.isfinite(lat) for _, lat in known):
                 continue
-            todo = [k for k, _ in known if (cores, vector_bytes, k) not in other.rows]
+            machine = (cores, vector_bytes, fma_per_cycle)
+            todo = [k for k, _ in known if (*machine, k) not in other.rows]
             if todo:
                 new = _core.sketch_feature_rows(
-                    other.program, cores, vector_bytes, [other.genomes[k] for k in todo]
+                    other.program, cores, vector_bytes, [other.genomes[k] for k in todo], fma_per_cycle
                 )
                 for k, row in zip(todo, np.asarray(new).reshape(len(todo), -1), strict=True):
-                    other.rows[(cores, vector_bytes, k)] = row
-            rows.append(np.stack([other.rows[(cores, vector_bytes, k)] for k, _ in known]))
+                    other.rows[(*machine, k)] = row
+            rows.append(np.stack([other.rows[(*machine, k)] for k, _ in known]))
             labels.append(CostModel.labels(np.array([lat for _, lat in known])))
             weights.append(np.full(len(known), w))
         if not rows:

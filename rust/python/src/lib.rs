@@ -183,13 +183,21 @@ fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
         .collect()
 }
 
+/// The model's view of a CPU target from the binding's arguments.
+fn cpu(num_cores: i64, vector_bytes: i64, fma_per_cycle: f64) -> CpuTarget {
+    CpuTarget::new(num_cores)
+        .with_vector_bytes(vector_bytes)
+        .with_fma_per_cycle(fma_per_cycle)
+}
+
 fn genome_json(g: &Genome) -> String {
     serde_json::to_string(g).unwrap_or_default()
 }
 
 /// Like `sample_sketches`, with each candidate's genome (JSON) next to its key.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new()))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new(), fma_per_cycle=2.0))]
+#[allow(clippy::too_many_arguments)]
 fn sample_genomes(
     py: Python<'_>,
     program_json: String,
@@ -198,10 +206,11 @@ fn sample_genomes(
     n: usize,
     seed: u64,
     exclude: Vec<String>,
+    fma_per_cycle: f64,
 ) -> PyResult<Vec<(String, String)>> {
     guarded(py, "sample_genomes", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
         let exclude: HashSet<String> = exclude.into_iter().collect();
         Ok(sketch::sample_genomes(&program, &target, n, seed, &exclude)
             .into_iter()
@@ -271,16 +280,18 @@ fn transfer_sibling_genomes(
 
 /// The analytical model's scores (higher is better) of candidates given as genome JSON.
 #[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0))]
 fn analytical_scores(
     py: Python<'_>,
     program_json: String,
     num_cores: i64,
     vector_bytes: i64,
     genomes: Vec<String>,
+    fma_per_cycle: f64,
 ) -> PyResult<Vec<f64>> {
     guarded(py, "analytical_scores", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
         let space = SketchSpace::new(&program);
         let genomes = parse_genomes(&genomes)?;
         Ok(analytical::score(&program, &space, &genomes, &target))
@@ -292,7 +303,7 @@ fn analytical_scores(
 /// to their latency; `seeds` are genomes (JSON) of the best measured, best first.
 /// Returns `(key, genome JSON, score)` triples, best predicted first.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0, fma_per_cycle=2.0))]
 #[allow(clippy::too_many_arguments)]
 fn propose(
     py: Python<'_>,
@@ -308,10 +319,11 @@ fn propose(
     generations: Option<usize>,
     model_json: Option<String>,
     model_weight: f64,
+    fma_per_cycle: f64,
 ) -> PyResult<Vec<(String, String, f64)>> {
     guarded(py, "propose", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
         let space = SketchSpace::new(&program);
         let seeds = parse_genomes(&seeds)?;
         let ctx = SearchContext {
@@ -365,16 +377,18 @@ fn propose(
 
 /// The sketch-level features of candidates (genome JSON), one row each: `(n, SKETCH_FEATURES)`.
 #[pyfunction]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0))]
 fn sketch_feature_rows<'py>(
     py: Python<'py>,
     program_json: String,
     num_cores: i64,
     vector_bytes: i64,
     genomes: Vec<String>,
+    fma_per_cycle: f64,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let (rows, n) = guarded(py, "sketch_feature_rows", move || {
         let program = Program::from_json(&program_json)?;
-        let target = CpuTarget::new(num_cores).with_vector_bytes(vector_bytes);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
         let space = SketchSpace::new(&program);
         let genomes = parse_genomes(&genomes)?;
         let rows: Vec<f32> = genomes

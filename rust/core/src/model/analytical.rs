@@ -22,8 +22,9 @@ const L2_BW: f64 = 48.0;
 const MEM_BW: f64 = 8.0;
 /// Share of the modelled memory traffic that is not hidden behind computation.
 const MEMORY_WEIGHT: f64 = 0.1;
-/// Independent FMA chains that keep the FMA units busy: latency (4 cycles) x 2 ports.
-const FMA_CHAINS: f64 = 8.0;
+/// Latency of a vector FMA in cycles: the independent chains that keep the FMA units busy are
+/// this times the FMAs a core issues per cycle (`CpuTarget::fma_per_cycle`; 8 on two ports).
+const FMA_LATENCY: f64 = 4.0;
 /// FMAs (with their loads) the out-of-order window holds: how far it looks ahead into the next
 /// iterations of the loop around the register tile for independent chains.
 const OOO_WINDOW_FMAS: f64 = 64.0;
@@ -343,6 +344,10 @@ pub fn estimate_block(
         _ => 0.95,
     };
     let cores = target.num_cores as f64;
+    let fma_chains = FMA_LATENCY * target.fma_per_cycle;
+    // Two FLOPs per lane of every FMA issued; relative to two FMAs a cycle, as the model was
+    // calibrated (its memory terms are in the same cycles).
+    let flops_per_cycle = lanes * target.fma_per_cycle;
     let mut e = BlockEstimate {
         flops,
         ..Default::default()
@@ -398,7 +403,7 @@ pub fn estimate_block(
             let s2: f64 = levels[3].iter().map(|l| l.extent).product();
             let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
             let chains = vectors * overlap;
-            let latency_bound = (FMA_CHAINS / chains).max(1.0);
+            let latency_bound = (fma_chains / chains).max(1.0);
             // Every step of R1 loads the register tile's operands: a vector per `lanes`
             // elements along the vectorized loop, a broadcast per element otherwise. With as
             // many load ports as FMA units, more loads than accumulator vectors wait on loads.
@@ -418,7 +423,7 @@ pub fn estimate_block(
                 })
                 .sum();
             let load_bound = (loads / vectors).max(1.0);
-            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency)
+            e.compute_cycles = flops / (flops_per_cycle * e.vector_efficiency)
                 * spill
                 * latency_bound.max(load_bound)
                 * INLINED_SELECT_COST.powi(inlined_selects as i32);
@@ -473,11 +478,11 @@ pub fn estimate_block(
                     .sum::<f64>()
                     + 2.0 * points;
                 let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
-                let latency = (FMA_CHAINS / (points * overlap)).max(1.0);
+                let latency = (fma_chains / (points * overlap)).max(1.0);
                 let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
                     .max(1.0)
                     .powi(2);
-                let cycles = flops / (2.0 * lanes * eff)
+                let cycles = flops / (flops_per_cycle * eff)
                     * spill
                     * latency.max((loads / fmas).max(1.0))
                     * INLINED_SELECT_COST.powi(inlined_selects as i32);
@@ -563,7 +568,7 @@ pub fn estimate_block(
             e.inner_extent = inner.map_or(1.0, |l| l.extent);
             e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
             e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
-            e.compute_cycles = flops / (2.0 * lanes * e.vector_efficiency);
+            e.compute_cycles = flops / (flops_per_cycle * e.vector_efficiency);
             e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
             e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
             if matches!(rule, Some(Rule::Root)) && space.optional_inline.contains(&block) {

@@ -39,6 +39,9 @@ pub struct CpuTarget {
     pub num_cores: i64,
     /// SIMD register width in bytes (32 for AVX2, 64 for AVX-512): what the cost model assumes.
     pub vector_bytes: i64,
+    /// Vector FMAs of that width a core issues per cycle: 2 on most x86 cores, 1 where
+    /// 512-bit vectors run on 256-bit units (AMD Zen 4).
+    pub fma_per_cycle: f64,
 }
 
 impl CpuTarget {
@@ -46,11 +49,21 @@ impl CpuTarget {
         CpuTarget {
             num_cores: num_cores.max(1),
             vector_bytes: 32,
+            fma_per_cycle: 2.0,
         }
     }
 
     pub fn with_vector_bytes(mut self, bytes: i64) -> Self {
         self.vector_bytes = bytes.clamp(8, 256);
+        self
+    }
+
+    pub fn with_fma_per_cycle(mut self, fmas: f64) -> Self {
+        self.fma_per_cycle = if fmas.is_finite() {
+            fmas.clamp(0.25, 8.0)
+        } else {
+            2.0
+        };
         self
     }
 }
