@@ -144,9 +144,9 @@ def run_one(
     keep: Path | None = None,
     earlier_db: Path | None = None,
     processes: int = 4,
-    rerank: bool = False,
+    rerank: bool = True,
 ) -> dict[str, Any]:
-    """One run (``rerank``: fastsearch's late re-ranking on); with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
+    """One run (``rerank=False``: fastsearch without its re-ranking by per-store features); with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
     is not tuned again: its curve and profile are taken from that run, and its database from
     ``earlier_db`` (or the earlier run's work directory). MetaSchedule's database files are
     copied to ``keep``, so that a later suite can reuse them."""
@@ -514,9 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         "both bests are re-timed together",
     )
     parser.add_argument(
-        "--rerank",
-        action="store_true",
-        help="turn on fastsearch's late re-ranking by the task's store-feature model (off by default)",
+        "--no-rerank",
+        dest="rerank",
+        action="store_false",
+        help="turn off fastsearch's re-ranking of proposals by the task's store-feature model",
     )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)

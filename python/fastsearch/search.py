@@ -48,12 +48,13 @@ SIBLING_DISTANCE_DECAY = 2.0
 MIN_SIBLING_WEIGHT = 0.05
 #: Best candidates of each sibling with the same anchor that are carried over and measured.
 SIBLING_SEEDS = 2
-#: Late in a run, with this many valid records, the search proposes RERANK_POOL times the batch
+#: Once the task has this many valid records, the search proposes RERANK_POOL times the batch
 #: and the batch is the best of them by a blend of the search's order and a per-store-feature
-#: model trained on the task's records, weighing RERANK_WEIGHT: on the next batch the sketch
-#: model alone ranks little better than chance by then (BENCHMARKS.md, next-batch ranking).
-#: Off unless ``ModelGuidedSampler(rerank=True)``: its effect on the suite is not measured yet.
-RERANK_AFTER = 64
+#: model trained on the task's records, weighing RERANK_WEIGHT: on the next batch that model
+#: ranks better than the sketch-feature one (pairwise 0.606 against 0.555 in the Zen 4 64-trial
+#: runs; BENCHMARKS.md, next-batch ranking). From 16 records on, 18 runs on four workloads gave
+#: 0.961 against 0.977 without it (BENCHMARKS.md, zen4_hard4). ``rerank=False`` turns it off.
+RERANK_AFTER = 16
 RERANK_POOL = 4
 RERANK_WEIGHT = 0.5
 
@@ -79,7 +80,7 @@ class ModelGuidedSampler:
         warm: TaskWarmStart | None = None,
         siblings: SiblingRecords | None = None,
         name: str = "main",
-        rerank: bool = False,
+        rerank: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")

@@ -244,10 +244,11 @@ _MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
 
 
 def _resolve_sampler(
-    strategy: str | Sampler, warm: WarmStart | None = None, rerank: bool = False
+    strategy: str | Sampler, warm: WarmStart | None = None, rerank: bool = True
 ) -> _MakeSampler:
     """Per-task sampler factory for ``strategy``, started from ``warm`` when given; ``rerank``
-    turns on the model-guided search's late re-ranking (:data:`fastsearch.search.RERANK_AFTER`)."""
+    keeps the model-guided search's re-ranking by per-store features on
+    (:data:`fastsearch.search.RERANK_AFTER`)."""
     if warm is not None and (callable(strategy) or strategy == "random"):
         raise ValueError(
             f"warm_start needs a model-guided strategy ({', '.join(STRATEGIES[1:])}), not {strategy!r}"
@@ -423,7 +424,7 @@ def tune(
     fusion_min_gain: float = 0.01,
     fusion_rounds: int = 20,
     _groups: list[list[int]] | None = None,
-    _rerank: bool = False,
+    _rerank: bool = True,
 ) -> TuneResult:
     """Tune a PrimFunc, each PrimFunc of an IRModule, or a whole Relax model.
 
@@ -462,7 +463,8 @@ def tune(
     with it (:mod:`fastsearch.fusion_search`; ``TuneResult.fusion`` reports every change).
 
     Arguments whose names start with an underscore are for fastsearch's own benchmarks and
-    experiments (``_rerank``: the search's late re-ranking, off until measured) and may change.
+    experiments (``_rerank=False``: no re-ranking of proposals by per-store features) and may
+    change.
 
     Raises :class:`fastsearch.InvalidTarget`, :class:`fastsearch.UnsupportedWorkload`,
     :class:`fastsearch.DatabaseError`, :class:`fastsearch.RemoteError` (no reachable device), or
