@@ -15,9 +15,10 @@ import pytest
 import tvm
 from fastsearch import _core
 from fastsearch.cli import load_workload
-from fastsearch.sample import Postprocessor, replay, sample_candidates
+from fastsearch.sample import Postprocessor, base_schedule, replay, replay_all, sample_candidates
 from fastsearch.tir_import import program_json
 from tvm.s_tir import Schedule
+from tvm_ffi import structural_equal
 from workloads import FAMILIES, small, suite
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -182,3 +183,19 @@ def test_padding_at_the_root_costs_the_bytes_it_streams():
     # it back costs more than the convolution.
     assert _padding_root_over_inline("C1D:2") < 0.9
     assert _padding_root_over_inline("DEP:1") > 1.2
+
+
+def test_replaying_in_threads_gives_the_schedules_replayed_one_by_one():
+    """TVM releases the GIL while it replays; schedules replayed on 4 threads are the ones
+    replayed in order on one, in the same order."""
+    func = small("C2D")
+    keys = _core.sample_sketches(program_json(func), 2, 24, seed=3)
+    post = Postprocessor(func, TARGET)
+    base = base_schedule(func)
+    one_by_one = [replay(base, k, post) for k in keys]
+    threaded = replay_all(base, keys, post, threads=4)
+    assert [s is None for s in threaded] == [s is None for s in one_by_one]
+    for a, b in zip(one_by_one, threaded, strict=True):
+        if a is not None:
+            assert structural_equal(a.mod, b.mod)
+            assert str(a.trace) == str(b.trace)

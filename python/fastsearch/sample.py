@@ -8,7 +8,8 @@ so every candidate returned here is a schedule TVM accepts and can build.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +143,17 @@ def replay(
     except tvm.TVMError:
         return None
     return sch
+
+
+def replay_all(
+    source: Schedule, trace_jsons: Sequence[str], postprocessor: Postprocessor | None, threads: int = 1
+) -> list[Schedule | None]:
+    """:func:`replay` of each trace, in order, on up to ``threads`` threads: TVM releases the
+    GIL inside its calls, and each trace gets a schedule of its own."""
+    if threads <= 1 or len(trace_jsons) <= 1:
+        return [replay(source, t, postprocessor) for t in trace_jsons]
+    with ThreadPoolExecutor(max_workers=min(threads, len(trace_jsons))) as pool:
+        return list(pool.map(lambda t: replay(source, t, postprocessor), trace_jsons))
 
 
 def sample_candidates(

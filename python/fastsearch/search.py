@@ -27,8 +27,10 @@ from fastsearch.sample import (
     fma_per_cycle,
     num_cores,
     replay,
+    replay_all,
     vector_bytes,
 )
+from fastsearch.target import physical_cores
 from fastsearch.tir_import import program_json
 from fastsearch.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
 
@@ -225,7 +227,10 @@ class ModelGuidedSampler:
         out = first
         for key, genome, _score in proposals:
             self.genomes[key] = genome
-            sch = replay(self.base, key, self.postprocessor)
+        schedules = replay_all(
+            self.base, [key for key, _, _ in proposals], self.postprocessor, physical_cores()
+        )
+        for (key, _, _), sch in zip(proposals, schedules, strict=True):
             if sch is not None:
                 out.append(Candidate(key, sch))
         return out
