@@ -89,7 +89,9 @@ def _suite_shapes(args: argparse.Namespace, target: tvm.target.Target) -> int:
                     libs.append(lib)
                     walls.append(wall)
                     print(spec, seed, side, f"{wall:.0f} s", file=sys.stderr, flush=True)
-                fs_us, ms_us, per_process = pair(retime_in_processes(libs, func, 5, args.retime_processes), 0, 1)
+                fs_us, ms_us, per_process = pair(
+                    retime_in_processes(libs, func, 5, args.retime_processes), 0, 1
+                )
                 ratio = statistics.median(per_process)
                 ratios.append(ratio)
                 lines.append(

@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--share", type=float, default=0.25, help="fusion_share: trials for changes")
-    parser.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds of the tuned models")
+    parser.add_argument(
+        "--rounds", type=int, default=30, help="interleaved timing rounds of the tuned models"
+    )
     parser.add_argument("--target", default=None, help="default: this CPU, with mcpu and num-cores")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args(argv)
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for model in args.models:
         results.append(run(model, target, args, out))
-        (out / "result.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=float))
+        (out / "result.json").write_text(
+            json.dumps({"meta": meta, "results": results}, indent=1, default=float)
+        )
     text = report(results, meta)
     (out / "fusion_search.md").write_text(text + "\n")
     print(text)

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--vector-bytes", type=int, default=64)
-    parser.add_argument("--fma-per-cycle", type=float, default=2.0, help="1 on Zen 4 (fastsearch.sample.fma_per_cycle)")
+    parser.add_argument(
+        "--fma-per-cycle", type=float, default=2.0, help="1 on Zen 4 (fastsearch.sample.fma_per_cycle)"
+    )
     args = parser.parse_args(argv)
 
     names = [f"sketch depth {d}" for d in DEPTHS] + ["per-store features"]

@@ -39,13 +39,18 @@ def _mean_us(record: object) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("e2e_dir", help="a model_e2e.py --out-dir (fastsearch_work, metaschedule_work, result.json)")
+    parser.add_argument(
+        "e2e_dir", help="a model_e2e.py --out-dir (fastsearch_work, metaschedule_work, result.json)"
+    )
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--target", default=None)
     args = parser.parse_args(argv)
     e2e = Path(args.e2e_dir)
     target = resolve_target(args.target)
-    weights = {t["best_us"]: t["weight"] for t in json.loads((e2e / "result.json").read_text())["fastsearch"]["tasks"]}
+    weights = {
+        t["best_us"]: t["weight"]
+        for t in json.loads((e2e / "result.json").read_text())["fastsearch"]["tasks"]
+    }
     dev = tvm.cpu()
     with tempfile.TemporaryDirectory() as tmp:
         dbs = []
@@ -56,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         for rec in dbs[0].get_all_tuning_records():
             if not any(structural_equal(rec.workload.mod, m) for m in mods):
                 mods.append(rec.workload.mod)
-        print(f"{'fastsearch us':>14} {'MetaSchedule us':>16} {'ratio':>6} | tuning: {'fastsearch':>10} {'MetaSchedule':>12} {'ratio':>6}")
+        print(
+            f"{'fastsearch us':>14} {'MetaSchedule us':>16} {'ratio':>6} | tuning: {'fastsearch':>10} {'MetaSchedule':>12} {'ratio':>6}"
+        )
         sums = np.zeros(4)
         for mod in mods:
             bests = [db.get_top_k(db.commit_workload(mod), 1) for db in dbs]

@@ -540,7 +540,10 @@ def main(argv: list[str] | None = None) -> int:
                     stored = json.loads(old.read_text()) if old.exists() else None
                     if stored is not None and stored.get("target") != here:
                         # Bests tuned for another CPU are no comparison: tune MetaSchedule here.
-                        print(f"  {old} was tuned for another target: MetaSchedule is tuned anew", file=sys.stderr)
+                        print(
+                            f"  {old} was tuned for another target: MetaSchedule is tuned anew",
+                            file=sys.stderr,
+                        )
                     elif stored is not None:
                         earlier = stored
                         kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem

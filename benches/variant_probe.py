@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         libs.append(tvm.compile(sch.mod, target=target))
         labels.append(label)
-    own = {insts[i][0]: d for i, d in decisions if i < cut and insts[i][0].startswith("Sample") and not isinstance(d, list)}
+    own = {
+        insts[i][0]: d
+        for i, d in decisions
+        if i < cut and insts[i][0].startswith("Sample") and not isinstance(d, list)
+    }
     print(f"{run['workload']} {args.tuner} record {args.rank}: tuned {secs * 1e6:.1f} us, decisions {own}")
     per_process = retime_in_processes(libs, func, args.rounds, args.processes)
     for i, label in enumerate(labels):

@@ -57,7 +57,9 @@ def probe(workload: str, per_path: int, draws: int, seed: int) -> None:
             kept.append(i)
     times = retime_in_processes(libs, func, 3, 1)[0]
     print(f"\n{workload}: {len(by_path['LLVM'])} of {draws} draws on the LLVM path")
-    print("measured us | estimate / best estimate | path | unrolled steps | unroll | tiles of the tiled block | other rules")
+    print(
+        "measured us | estimate / best estimate | path | unrolled steps | unroll | tiles of the tiled block | other rules"
+    )
     for i, t in sorted(zip(kept, times, strict=True), key=lambda x: x[1]):
         g = json.loads(genomes[i])
         tiled = next(b for b, r in g["rules"].items() if isinstance(r, dict) and "Tile" in r)

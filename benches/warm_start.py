@@ -122,7 +122,9 @@ def run_family(
         retimed = None
         if cold_best is not None and warm_best is not None:
             # in fresh processes, each timing both (benches/kernel_retime.py)
-            rows = retime_in_processes([_compile(cold_best, target), _compile(warm_best, target)], func, repeat, processes)
+            rows = retime_in_processes(
+                [_compile(cold_best, target), _compile(warm_best, target)], func, repeat, processes
+            )
             warm_us, cold_us, ratios = pair(rows, 1, 0)
             retimed = {
                 "cold_final_us": cold_us,

@@ -353,10 +353,10 @@ def test_local_tile_mutation_moves_one_prime_factor():
             continue
         changed = [(a, b) for (a, _), (b, _) in zip(tiles(parent.trace), tiles(child.trace)) if a != b]
         assert len(changed) <= 1
-        for (tile, limit) in tiles(child.trace):
+        for tile, limit in tiles(child.trace):
             assert limit <= 0 or tile[-1] <= limit
         if changed:
-            (a, b), = changed
+            ((a, b),) = changed
             assert math.prod(a) == math.prod(b)
             diff = [i for i in range(len(a)) if a[i] != b[i]]
             assert len(diff) == 2

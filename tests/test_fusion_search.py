@@ -142,7 +142,9 @@ def test_fusion_search_tunes_the_slowest_changes_and_keeps_only_measured_wins(tm
 def test_changes_that_cannot_save_enough_get_no_trials(tmp_path: Path) -> None:
     mod = bert_layer()
     # No copy kernel is 90% of the model: every trial goes to the rule grouping.
-    result = fastsearch.tune(mod, trials=24, work_dir=tmp_path, fusion="search", fusion_min_gain=0.9, progress=False)
+    result = fastsearch.tune(
+        mod, trials=24, work_dir=tmp_path, fusion="search", fusion_min_gain=0.9, progress=False
+    )
     report = result.fusion
     assert report is not None
     assert report.trials_rules == 24 and report.trials_changes == 0 and result.trials_measured == 24

@@ -206,7 +206,11 @@ def test_model_tasks_and_trials(tuned) -> None:
     assert result.best_latency_us == pytest.approx(total)
     # The final round can only lower a task's best below what its trials found.
     switched = [t.name for t in result.tasks.values() if t.final is not None and t.final.chosen is not None]
-    assert result.history[-1].best_us == pytest.approx(total) if not switched else result.history[-1].best_us > total
+    assert (
+        result.history[-1].best_us == pytest.approx(total)
+        if not switched
+        else result.history[-1].best_us > total
+    )
 
 
 def test_compiled_model_matches_the_untuned_one(tuned) -> None:

@@ -139,7 +139,7 @@ def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     assert plain_sampler.store_ranker is None and not seen
     sampler, reranked = batch(True)
     assert sampler.store_ranker is not None and sampler.store_ranker.model.trained
-    (pool, blended), = seen
+    ((pool, blended),) = seen
     assert len(pool) == RERANK_POOL * 8
     assert reranked == blended[:8] != plain
     assert not set(reranked) & set(history)
@@ -273,7 +273,13 @@ def test_sibling_tasks_train_each_others_models():
     siblings = SiblingRecords()
     history: dict[str, float] = {}
     first = ModelGuidedSampler(
-        matmul(32), TARGET, "evolutionary", lambda: history.items(), population=64, siblings=siblings, name="mm"
+        matmul(32),
+        TARGET,
+        "evolutionary",
+        lambda: history.items(),
+        population=64,
+        siblings=siblings,
+        name="mm",
     )
     for r in range(2):
         cands = first(matmul(32), TARGET, 8, r, set(history))
@@ -310,7 +316,13 @@ def test_siblings_with_the_same_anchor_share_their_best_candidates():
     siblings = SiblingRecords()
     history: dict[str, float] = {}
     first = ModelGuidedSampler(
-        matmul(32), TARGET, "evolutionary", lambda: history.items(), population=64, siblings=siblings, name="mm"
+        matmul(32),
+        TARGET,
+        "evolutionary",
+        lambda: history.items(),
+        population=64,
+        siblings=siblings,
+        name="mm",
     )
     cands = first(matmul(32), TARGET, 8, 0, set())
     history.update((c.key, _fake_latency(c.key)) for c in cands)

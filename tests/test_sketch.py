@@ -147,7 +147,13 @@ def test_softmax_rfactors_under_the_normalisation_loop():
     sch = replay(func, fused[0], None)
     assert sch is not None
     row = sch.get_loops(sch.get_sblock("T_softmax_norm"))[0]
-    blocks = ["T_softmax_maxelem_rf", "T_softmax_maxelem", "T_softmax_exp", "T_softmax_expsum_rf", "T_softmax_expsum"]
+    blocks = [
+        "T_softmax_maxelem_rf",
+        "T_softmax_maxelem",
+        "T_softmax_exp",
+        "T_softmax_expsum_rf",
+        "T_softmax_expsum",
+    ]
     for name in blocks:
         assert sch.get(sch.get_loops(sch.get_sblock(name))[0]).same_as(sch.get(row)), name
     built = replay(func, fused[0], Postprocessor(func, TARGET))

@@ -198,9 +198,7 @@ class StoreRanker:
                 self._features[k] = row
         return np.stack([self._features[k] for k in keys]) if keys else pool_store_features([])
 
-    def train(
-        self, measured: dict[str, float], others: Sequence[tuple[np.ndarray, np.ndarray]] = ()
-    ) -> bool:
+    def train(self, measured: dict[str, float], others: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> bool:
         """(Re)trains on ``measured`` (key -> seconds, inf = failed) and ``others``; False when
         there is nothing to learn from. Skipped when the measured set has not grown."""
         if len(measured) == self._trained_on and self.model.trained:

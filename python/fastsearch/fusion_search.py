@@ -236,11 +236,15 @@ def tune_searching_fusion(
 
     final_groups = rule_groups
     if tried:
-        final_groups = _choose(mod, graph_json, rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report)
+        final_groups = _choose(
+            mod, graph_json, rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report
+        )
         if progress:
             _print_changes(report)
     report.groups = final_groups
-    final = tune(mod, trials=0, work_dir=wdir, name=name, _groups=final_groups, **{**options, "progress": False})
+    final = tune(
+        mod, trials=0, work_dir=wdir, name=name, _groups=final_groups, **{**options, "progress": False}
+    )
     _merge_runs(final, histories, t_start)
     final.fusion = report
     return final
@@ -250,7 +254,9 @@ def _same(task: ModelTask, other: ModelTask) -> bool:
     return bool(structural_equal(task.normalized, other.normalized))
 
 
-def _removed(rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult) -> tuple[float | None, int]:
+def _removed(
+    rule_tasks: list[ModelTask], tasks: list[ModelTask], base: TuneResult
+) -> tuple[float | None, int]:
     """What the change removes: the time per inference of the fastest rule-based kernel that
     runs fewer times with it (at the places it is removed from), and the mean number of trials
     the rule-based run gave the tasks it removes."""
@@ -331,7 +337,9 @@ def _choose(
             chosen.append(index)
             used.update(changes[index].groups)
         else:
-            changes[index].reason = (
+            changes[
+                index
+            ].reason = (
                 f"not kept: x{changes[index].ratio:.3f}, but it merges a group a faster change already takes"
             )
     best = chosen[0]
@@ -384,7 +392,9 @@ def _merge_runs(final: TuneResult, runs: list[TuneResult], t_start: float) -> No
         for kind, count in run.failures.items():
             failures[kind] = failures.get(kind, 0) + count
     final.failures = failures
-    final.timing["fusion"] = time.perf_counter() - t_start - sum(final.timing[k] for k in final.timing if k != "total")
+    final.timing["fusion"] = (
+        time.perf_counter() - t_start - sum(final.timing[k] for k in final.timing if k != "total")
+    )
     final.timing["total"] = time.perf_counter() - t_start
 
 

@@ -21,9 +21,7 @@ def time_interleaved(
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     vms = [relax.VirtualMachine(exe, dev) for exe in exes]
     outputs = [_as_numpy(vm["main"](*args)) for vm in vms]
-    timers = [
-        vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms) for vm in vms
-    ]
+    timers = [vm.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms) for vm in vms]
     for timer in timers:
         timer(*args)  # warm-up
     results: list[list[float]] = [[] for _ in exes]

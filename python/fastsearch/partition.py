@@ -200,7 +200,9 @@ def _check_groups(graph: OpGraph, groups: list[list[int]]) -> None:
     for node, spec in enumerate(graph.nodes):
         for i in spec["inputs"]:  # type: ignore[attr-defined]
             if group_of[i] > group_of[node]:
-                raise MalformedInput(f"fusion group {group_of[node]} comes before group {group_of[i]}, which it reads")
+                raise MalformedInput(
+                    f"fusion group {group_of[node]} comes before group {group_of[i]}, which it reads"
+                )
 
 
 def fusion_proposals(

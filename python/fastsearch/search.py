@@ -318,7 +318,9 @@ def anchor_extents(program: str) -> tuple[str, list[int]] | None:
         return ("R" in kinds, math.prod(int(iv["extent"]) for iv in b["iter_vars"]))
 
     anchor = max(blocks, key=size)
-    return "".join(iv["kind"] for iv in anchor["iter_vars"]), [int(iv["extent"]) for iv in anchor["iter_vars"]]
+    return "".join(iv["kind"] for iv in anchor["iter_vars"]), [
+        int(iv["extent"]) for iv in anchor["iter_vars"]
+    ]
 
 
 def anchor_distance(a: tuple[str, list[int]] | None, b: tuple[str, list[int]] | None) -> float:

@@ -496,7 +496,9 @@ def tune(
                 "name": name,
                 "runner": runner,
                 "task_scheduler": task_scheduler,
-                "warm_start": warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start),
+                "warm_start": warm_start
+                if isinstance(warm_start, WarmStart) or warm_start is None
+                else WarmStart(warm_start),
             },
         )
     if task_scheduler not in SCHEDULERS:
