@@ -267,12 +267,9 @@ def test_anchor_of_a_fused_function_is_its_reduction():
     assert anchor_distance(relu, anchor_extents(program_json(softmax()))) == float("inf")
 
 
-def test_sibling_tasks_train_each_others_models():
-    """A task with no records of its own starts from a model trained on its siblings' records,
-    weighted by anchor distance; an operator of another kind learns nothing from them."""
-    siblings = SiblingRecords()
-    history: dict[str, float] = {}
-    first = ModelGuidedSampler(
+def _matmul_sampler(siblings: SiblingRecords, history: dict[str, float]) -> ModelGuidedSampler:
+    """The 32x32 matmul task "mm" of a run with ``siblings``, its records read from ``history``."""
+    return ModelGuidedSampler(
         matmul(32),
         TARGET,
         "evolutionary",
@@ -281,6 +278,14 @@ def test_sibling_tasks_train_each_others_models():
         siblings=siblings,
         name="mm",
     )
+
+
+def test_sibling_tasks_train_each_others_models():
+    """A task with no records of its own starts from a model trained on its siblings' records,
+    weighted by anchor distance; an operator of another kind learns nothing from them."""
+    siblings = SiblingRecords()
+    history: dict[str, float] = {}
+    first = _matmul_sampler(siblings, history)
     for r in range(2):
         cands = first(matmul(32), TARGET, 8, r, set(history))
         history.update((c.key, _fake_latency(c.key)) for c in cands)
@@ -315,15 +320,7 @@ def test_siblings_with_the_same_anchor_share_their_best_candidates():
     measured in the task's next batch (one per batch); other shapes share no candidates."""
     siblings = SiblingRecords()
     history: dict[str, float] = {}
-    first = ModelGuidedSampler(
-        matmul(32),
-        TARGET,
-        "evolutionary",
-        lambda: history.items(),
-        population=64,
-        siblings=siblings,
-        name="mm",
-    )
+    first = _matmul_sampler(siblings, history)
     cands = first(matmul(32), TARGET, 8, 0, set())
     history.update((c.key, _fake_latency(c.key)) for c in cands)
     relu = ModelGuidedSampler(

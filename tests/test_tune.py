@@ -199,17 +199,20 @@ class _Recorder:
 
 
 def test_strategy_feedback_and_warm_start(tmp_path):
+    def run(strategy: _Recorder, trials: int):
+        return tune(
+            gmm(),
+            TARGET,
+            trials=trials,
+            work_dir=tmp_path,
+            strategy=strategy,
+            batch_size=2,
+            progress=False,
+            measure=NO_FINAL,
+        )
+
     first = _Recorder()
-    result = tune(
-        gmm(),
-        TARGET,
-        trials=4,
-        work_dir=tmp_path,
-        strategy=first,
-        batch_size=2,
-        progress=False,
-        measure=NO_FINAL,
-    )
+    result = run(first, 4)
     assert [len(u) for u in first.updates] == [2, 2]
     reported = [item for u in first.updates for item in u]
     db = TuningDatabase(tmp_path)
@@ -219,16 +222,7 @@ def test_strategy_feedback_and_warm_start(tmp_path):
         assert secs is not None and secs * 1e6 == pytest.approx(h.latency_us)
 
     second = _Recorder()
-    tune(
-        gmm(),
-        TARGET,
-        trials=6,
-        work_dir=tmp_path,
-        strategy=second,
-        batch_size=2,
-        progress=False,
-        measure=NO_FINAL,
-    )
+    run(second, 6)
     assert sorted(second.updates[0]) == sorted(reported)  # warm start with the stored records
     assert [len(u) for u in second.updates] == [4, 2]
     assert result.timing["model"] >= 0

@@ -333,14 +333,13 @@ def _choose(
     chosen: list[int] = []
     used: set[int] = set()
     for index in winners:
-        if used.isdisjoint(changes[index].groups):
+        change = changes[index]
+        if used.isdisjoint(change.groups):
             chosen.append(index)
-            used.update(changes[index].groups)
+            used.update(change.groups)
         else:
-            changes[
-                index
-            ].reason = (
-                f"not kept: x{changes[index].ratio:.3f}, but it merges a group a faster change already takes"
+            change.reason = (
+                f"not kept: x{change.ratio:.3f}, but it merges a group a faster change already takes"
             )
     best = chosen[0]
     final_groups = variants[best][0]

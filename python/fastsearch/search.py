@@ -110,6 +110,8 @@ class ModelGuidedSampler:
         if siblings is not None:
             siblings.register(name, self.program, history, self.genomes)
         self.store_ranker = StoreRanker(self.program) if rerank else None
+        # Replay runs on this machine, whatever the target: one thread per core it has.
+        self.replay_threads = physical_cores()
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -225,10 +227,9 @@ class ModelGuidedSampler:
         if self.state is not None:
             self.state.add_genomes([(key, genome) for key, genome, _ in proposals])
         out = first
-        for key, genome, _score in proposals:
-            self.genomes[key] = genome
+        self.genomes.update((key, genome) for key, genome, _ in proposals)
         schedules = replay_all(
-            self.base, [key for key, _, _ in proposals], self.postprocessor, physical_cores()
+            self.base, [key for key, _, _ in proposals], self.postprocessor, self.replay_threads
         )
         for (key, _, _), sch in zip(proposals, schedules, strict=True):
             if sch is not None:
