@@ -136,9 +136,9 @@ def test_xgbmodel_with_our_extractor_tunes(tmp_path):
 
 @pytest.fixture(scope="module")
 def measured_matmul():
-    """48 of fastsearch's sketch candidates for a 64^3 matmul, measured: (func, schedules, seconds)."""
+    """80 of fastsearch's sketch candidates for a 64^3 matmul, measured: (func, schedules, seconds)."""
     func = matmul(64)
-    cands = sample_candidates(func, TARGET, 48, seed=11)
+    cands = sample_candidates(func, TARGET, 80, seed=11)
     config = MeasureConfig(repeat=3, min_repeat_ms=5, build_workers=1)
     with Measurer(TARGET, config) as m:
         results = m.measure([c.schedule.mod for c in cands], ms.arg_info.ArgInfo.from_prim_func(func))
@@ -158,15 +158,17 @@ def _runner_results(secs: np.ndarray) -> list[ms.runner.RunnerResult]:
 
 def test_cost_model_ranks_held_out_candidates_and_round_trips(measured_matmul, tmp_path):
     func, schedules, secs = measured_matmul
-    assert np.isfinite(secs).sum() >= 40
+    assert np.isfinite(secs).sum() >= 72
     ctx = context(func)
     cands = candidates(func, schedules)
     model = fst.CostModel()
-    # trained in two updates, as during tuning; the last 16 candidates are held out
+    # Trained in two updates, as during tuning; the last 48 candidates are held out. Timings on
+    # this machine vary 20-40% from run to run, so with 16 held out (120 pairs) the accuracy
+    # ranged 0.50-0.68 over runs; 48 (1128 pairs) keeps chance far from the measured figure.
     model.update(ctx, cands[:16], _runner_results(secs[:16]))
     model.update(ctx, cands[16:32], _runner_results(secs[16:32]))
     predicted = model.predict(ctx, cands[32:])
-    assert predicted.dtype == np.float64 and predicted.shape == (16,)
+    assert predicted.dtype == np.float64 and predicted.shape == (48,)
     accuracy = pairwise_accuracy(predicted, secs[32:])
     print(f"held-out pairwise accuracy {accuracy:.3f}")
     assert accuracy > 0.5
