@@ -232,26 +232,93 @@ fn parallel_loop_count(nest: &[LoopDim], limit: i64) -> usize {
     count
 }
 
-/// Whether every read of `block` walks `var` with unit stride in its last dimension or not at
-/// all: LLVM's loop vectorizer then loads (or broadcasts) whole vectors along it.
-fn reads_contiguous_along(program: &Program, block: usize, var: usize) -> bool {
+/// Per read of `block`, the index expressions (minimums, over `block`'s iteration variables)
+/// of what it loads from memory: a read of a buffer that an inlined block writes loads what
+/// that block reads, at the indices the inlining substitutes (a transpose inlined into a
+/// matmul makes its operand's reads strided).
+fn memory_reads(program: &Program, genome: &Genome, block: usize) -> Vec<Vec<Vec<Expr>>> {
+    program.blocks[block]
+        .reads
+        .iter()
+        .map(|r| {
+            let mins: Vec<Expr> = r.region.iter().map(|(min, _)| min.clone()).collect();
+            loads_through_inlined(program, genome, r.buffer, mins, 0)
+        })
+        .collect()
+}
+
+fn loads_through_inlined(
+    program: &Program,
+    genome: &Genome,
+    buffer: usize,
+    mins: Vec<Expr>,
+    depth: usize,
+) -> Vec<Vec<Expr>> {
+    let producer =
+        program.blocks.iter().enumerate().find(|(_, b)| {
+            b.body.len() == 1 && b.writes.len() == 1 && b.writes[0].buffer == buffer
+        });
+    let Some((p, pb)) = producer else {
+        return vec![mins];
+    };
+    if depth >= 4 || genome.rules.get(&p) != Some(&Rule::Inline) {
+        return vec![mins];
+    }
+    // Inlinable blocks write at identity indices: the producer's i-th write index is an
+    // iteration variable, bound to the consumer's i-th index.
+    let bound: Vec<(String, Expr)> = pb.writes[0]
+        .region
+        .iter()
+        .zip(&mins)
+        .filter_map(|((w, _), m)| match w {
+            Expr::Var(n) => Some((n.clone(), m.clone())),
+            _ => None,
+        })
+        .collect();
+    if bound.len() != mins.len() {
+        return vec![mins];
+    }
+    let map = |n: &str| bound.iter().find(|(v, _)| v == n).map(|(_, e)| e.clone());
+    pb.reads
+        .iter()
+        .flat_map(|r| {
+            let composed = r
+                .region
+                .iter()
+                .map(|(min, _)| min.substitute(&map))
+                .collect();
+            loads_through_inlined(program, genome, r.buffer, composed, depth + 1)
+        })
+        .collect()
+}
+
+/// Whether `indices` (over `block`'s iteration variables) walk `var` with unit stride in the
+/// last dimension or not at all: a vector along `var` is then one load (or a broadcast).
+fn contiguous_along(program: &Program, block: usize, indices: &[Expr], var: usize) -> bool {
     let b = &program.blocks[block];
     let name = &b.iter_vars[var].name;
-    b.reads.iter().all(|r| {
-        let last = r.region.len().saturating_sub(1);
-        r.region.iter().enumerate().all(|(dim, (min, _))| {
-            let Some(lin) = linear_in_iter_vars(min, b) else {
-                return false;
-            };
-            let coef: i64 = lin
-                .terms
-                .values()
-                .filter(|(atom, _)| matches!(atom, Expr::Var(n) if n == name))
-                .map(|(_, c)| *c)
-                .sum();
-            coef == 0 || (dim == last && coef == 1)
-        })
+    let last = indices.len().saturating_sub(1);
+    indices.iter().enumerate().all(|(dim, index)| {
+        let Some(lin) = linear_in_iter_vars(index, b) else {
+            return false;
+        };
+        let coef: i64 = lin
+            .terms
+            .values()
+            .filter(|(atom, _)| matches!(atom, Expr::Var(n) if n == name))
+            .map(|(_, c)| *c)
+            .sum();
+        coef == 0 || (dim == last && coef == 1)
     })
+}
+
+/// Whether every load of `block` walks `var` with unit stride in its last dimension or not at
+/// all: LLVM's loop vectorizer then loads (or broadcasts) whole vectors along it.
+fn reads_contiguous_along(program: &Program, genome: &Genome, block: usize, var: usize) -> bool {
+    memory_reads(program, genome, block)
+        .iter()
+        .flatten()
+        .all(|indices| contiguous_along(program, block, indices, var))
 }
 
 /// The loop LLVM vectorizes when TVM vectorizes nothing: TVM's explicit unrolling
@@ -407,17 +474,29 @@ pub fn estimate_block(
             // Every step of R1 loads the register tile's operands: a vector per `lanes`
             // elements along the vectorized loop, a broadcast per element otherwise. With as
             // many load ports as FMA units, more loads than accumulator vectors wait on loads.
+            // A read strided along the vectorized loop (a transpose inlined into it) is
+            // gathered: a load per element. On TBG the analytical model ranked kernels with
+            // the operand gathered 32 wide first, at twice the time of 16-wide ones.
             let vector_var = levels[5].last().map(|l| l.var);
+            let loaded_reads = memory_reads(program, genome, block);
             let loads: f64 = reads
                 .iter()
-                .map(|(vars, _)| {
+                .zip(&loaded_reads)
+                .map(|((vars, _), loaded)| {
                     let elems: f64 = levels[5]
                         .iter()
                         .filter(|l| vars.contains(&l.var))
                         .map(|l| l.extent)
                         .product();
                     match vector_var {
-                        Some(v) if vars.contains(&v) => (elems / lanes).ceil(),
+                        Some(v)
+                            if vars.contains(&v)
+                                && loaded
+                                    .iter()
+                                    .all(|ix| contiguous_along(program, block, ix, v)) =>
+                        {
+                            (elems / lanes).ceil()
+                        }
                         _ => elems,
                     }
                 })
@@ -440,7 +519,7 @@ pub fn estimate_block(
             if let Some((at, steps)) = (!tvm_vectorizes)
                 .then(|| llvm_vector_loop(&nest, unroll, contiguous_var, parallel_loops))
                 .flatten()
-                .filter(|(at, _)| reads_contiguous_along(program, block, nest[*at].var))
+                .filter(|(at, _)| reads_contiguous_along(program, genome, block, nest[*at].var))
             {
                 let l = nest[at];
                 let body = &nest[at + 1..];
