@@ -1,0 +1,129 @@
+"""How well the analytical model ranks candidates it did not choose: random sketch candidates
+of each workload, measured on this machine, against the model's estimates.
+
+The candidates the search measures are the ones its models liked, so the model's accuracy on
+them is biased (the ones it over-rated are over-represented). Here each workload gets ``--n``
+candidates drawn uniformly from fastsearch's sketches (``_core.sample_genomes``), replayed with
+MetaSchedule's postprocessors, built and timed once each. Reported per workload: pairwise
+ranking accuracy of the analytical estimate, and how far from the sample's fastest the best of
+the model's top 1, 4 and 16 is (what a cold first batch would find), against the median.
+
+Measured candidates go to ``--out-dir/<workload>.json`` (genome and seconds); ``--report``
+scores those files again with the installed model, so a model change can be evaluated on the
+same measurements without timing anything:
+
+    python benches/analytical_accuracy.py --n 128 --seed 7 --out-dir analytical
+    python benches/analytical_accuracy.py --out-dir analytical --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+from fastsearch import _core
+from fastsearch.cli import load_workload
+from fastsearch.cost_model import pairwise_accuracy
+from fastsearch.measure import MeasureConfig, Measurer
+from fastsearch.sample import Postprocessor, base_schedule, fma_per_cycle, num_cores, replay, vector_bytes
+from fastsearch.target import resolve_target
+from fastsearch.tir_import import program_json
+from tvm.s_tir import meta_schedule as ms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import DEFAULT_WORKLOADS
+
+
+def _file(out_dir: Path, workload: str) -> Path:
+    return out_dir / f"{workload.replace(':', '_')}.json"
+
+
+def measure(workload: str, n: int, seed: int, target: tvm.target.Target, out_dir: Path) -> None:
+    func = load_workload(workload).func
+    program = program_json(func)
+    pairs = _core.sample_genomes(
+        program, num_cores(target), vector_bytes(target), n, seed, [], fma_per_cycle(target)
+    )
+    post, base = Postprocessor(func, target), base_schedule(func)
+    replayed = [(genome, replay(base, key, post)) for key, genome in pairs]
+    kept = [(genome, sch) for genome, sch in replayed if sch is not None]
+    with Measurer(target, MeasureConfig(repeat=3, min_repeat_ms=20)) as measurer:
+        results = measurer.measure([sch.mod for _, sch in kept], ms.arg_info.ArgInfo.from_prim_func(func))
+        Measurer.release(results)
+    rows = [
+        {"genome": genome, "seconds": res.mean_us * 1e-6 if res.ok else None}
+        for (genome, _), res in zip(kept, results, strict=True)
+    ]
+    doc = {"workload": workload, "seed": seed, "target": str(target), "rows": rows}
+    _file(out_dir, workload).write_text(json.dumps(doc))
+    print(f"{workload}: {sum(r['seconds'] is not None for r in rows)} of {len(pairs)} measured", flush=True)
+
+
+def score(path: Path) -> dict[str, float]:
+    doc = json.loads(path.read_text())
+    target = resolve_target(doc["target"])
+    program = program_json(load_workload(doc["workload"]).func)
+    rows = [r for r in doc["rows"] if r["seconds"] is not None]
+    seconds = np.array([r["seconds"] for r in rows])
+    scores = np.array(
+        _core.analytical_scores(
+            program,
+            num_cores(target),
+            vector_bytes(target),
+            [r["genome"] for r in rows],
+            fma_per_cycle(target),
+        )
+    )
+    order = np.argsort(-scores, kind="stable")
+    fastest = seconds.min()
+    return {
+        "workload": doc["workload"],
+        "n": len(rows),
+        "pairwise": pairwise_accuracy(scores, seconds),
+        **{f"top{k}": float(seconds[order[:k]].min() / fastest) for k in (1, 4, 16)},
+        "median": float(np.median(seconds) / fastest),
+    }
+
+
+def report(out_dir: Path) -> str:
+    lines = [
+        "| workload | candidates | pairwise accuracy | best of model's top 1 | top 4 | top 16 | median |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(out_dir.glob("*.json")):
+        s = score(path)
+        lines.append(
+            f"| {s['workload']} | {s['n']} | {s['pairwise']:.3f} | {s['top1']:.2f} | {s['top4']:.2f} "
+            f"| {s['top16']:.2f} | {s['median']:.2f} |"
+        )
+    lines.append("")
+    lines.append("Latencies as multiples of the fastest candidate of the workload's sample.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
+    parser.add_argument("--n", type=int, default=128, help="random candidates per workload")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--report", action="store_true", help="only score the files in --out-dir")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    if not args.report:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        target = resolve_target(None)
+        for workload in args.workloads:
+            measure(workload, args.n, args.seed, target, out_dir)
+    text = report(out_dir)
+    (out_dir / "analytical_accuracy.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
