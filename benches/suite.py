@@ -488,6 +488,22 @@ def _plot(runs: list[dict[str, Any]], workloads: list[str], out_dir: Path) -> No
         plt.close(fig)
 
 
+def _stored_run(folder: Path, name: str, trials: int) -> Path:
+    """The run ``name`` in ``folder``, or else the shortest run there of the same workload and
+    seed with more trials: its checkpoints are read off MetaSchedule's first ``trials`` records
+    and its curve (wall time at ``trials``), as a shorter run's are."""
+    exact = folder / name
+    if exact.exists():
+        return exact
+    stem = name.rsplit("_t", 1)[0]
+    longer = sorted(
+        (int(p.stem.rsplit("_t", 1)[1]), p)
+        for p in folder.glob(f"{stem}_t*.json")
+        if p.stem.rsplit("_t", 1)[1].isdigit() and int(p.stem.rsplit("_t", 1)[1]) > trials
+    )
+    return longer[0][1] if longer else exact
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=DEFAULT_WORKLOADS)
@@ -510,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         "--reuse-metaschedule",
         default=None,
         help="an earlier --out-dir: MetaSchedule's runs (databases, curves, profiles) are taken from "
-        "there instead of tuning again (runs it lacks are tuned anew); fastsearch is tuned anew and "
-        "both bests are re-timed together",
+        "there instead of tuning again (a run with more trials serves, read off its first records; "
+        "runs it lacks are tuned anew); fastsearch is tuned anew and both bests are re-timed together",
     )
     parser.add_argument(
         "--no-rerank",
@@ -536,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 earlier = None
                 earlier_db = None
                 if args.reuse_metaschedule:
-                    old = Path(args.reuse_metaschedule) / path.name
+                    old = _stored_run(Path(args.reuse_metaschedule), path.name, max(args.trials))
                     stored = json.loads(old.read_text()) if old.exists() else None
                     if stored is not None and stored.get("target") != here:
                         # Bests tuned for another CPU are no comparison: tune MetaSchedule here.
@@ -546,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     elif stored is not None:
                         earlier = stored
-                        kept = Path(args.reuse_metaschedule) / "metaschedule" / path.stem
+                        kept = Path(args.reuse_metaschedule) / "metaschedule" / old.stem
                         earlier_db = kept if kept.exists() else None
                     else:
                         print(f"  no {old}: MetaSchedule is tuned anew", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.sample import fma_per_cycle
+from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
 from fastsearch.search import (
     MIN_RECORDS,
     RERANK_AFTER,
@@ -348,3 +348,20 @@ def test_sibling_genomes_carry_over_only_between_the_same_anchor():
             assert json.loads(m[1])["tiles"] == json.loads(g)["tiles"]
     assert all(m is None for m in _core.transfer_sibling_genomes(src, program_json(softmax()), genomes))
     assert _core.transfer_sibling_genomes(src, dst, ["not a genome"]) == [None]
+
+
+def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
+    """With no records and no saved model, the first batch is not evolved (COLD_GENERATIONS):
+    it is the analytical model's best of the random population; once records exist the search
+    evolves again."""
+    func = matmul(32)
+    history: dict[str, float] = {}
+    sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
+    first = [c.key for c in sampler(func, TARGET, 8, 3, set())]
+    program = program_json(func)
+    target = (num_cores(TARGET), vector_bytes(TARGET))
+    fma = fma_per_cycle(TARGET)
+    unevolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 0, None, 0.0, fma)
+    evolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 4, None, 0.0, fma)
+    assert first == [key for key, _, _ in unevolved]
+    assert first != [key for key, _, _ in evolved]
