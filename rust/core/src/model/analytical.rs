@@ -312,10 +312,16 @@ fn contiguous_along(program: &Program, block: usize, indices: &[Expr], var: usiz
     })
 }
 
-/// Whether every load of `block` walks `var` with unit stride in its last dimension or not at
-/// all: LLVM's loop vectorizer then loads (or broadcasts) whole vectors along it.
-fn reads_contiguous_along(program: &Program, genome: &Genome, block: usize, var: usize) -> bool {
-    memory_reads(program, genome, block)
+/// Whether every load of `block` (its [`memory_reads`]) walks `var` with unit stride in its
+/// last dimension or not at all: LLVM's loop vectorizer then loads (or broadcasts) whole
+/// vectors along it.
+fn reads_contiguous_along(
+    program: &Program,
+    block: usize,
+    loaded: &[Vec<Vec<Expr>>],
+    var: usize,
+) -> bool {
+    loaded
         .iter()
         .flatten()
         .all(|indices| contiguous_along(program, block, indices, var))
@@ -519,7 +525,9 @@ pub fn estimate_block(
             if let Some((at, steps)) = (!tvm_vectorizes)
                 .then(|| llvm_vector_loop(&nest, unroll, contiguous_var, parallel_loops))
                 .flatten()
-                .filter(|(at, _)| reads_contiguous_along(program, genome, block, nest[*at].var))
+                .filter(|(at, _)| {
+                    reads_contiguous_along(program, block, &loaded_reads, nest[*at].var)
+                })
             {
                 let l = nest[at];
                 let body = &nest[at + 1..];
