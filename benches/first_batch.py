@@ -40,7 +40,7 @@ def best_of_batches(workload: str, seed: int, batch: int) -> dict[str, float]:
     picks = {
         name: [
             key
-            for key, _, _ in _core.propose(
+            for key, _, _, _ in _core.propose(
                 program,
                 *args,
                 "evolutionary",

@@ -23,6 +23,7 @@ from fastsearch.search import (
     anchor_distance,
     anchor_extents,
     blend_ranks,
+    keep_exploring,
 )
 from fastsearch.tir_import import program_json
 from workloads import matmul, matmul_relu, small, softmax
@@ -104,6 +105,19 @@ def test_blend_ranks():
     assert [p[0] for p in blend_ranks(props, predicted, 0.5)] == list("bacd")
 
 
+def test_keep_exploring_keeps_each_exploring_roles_share():
+    roles = ["exploit"] * 4 + ["shape"] * 2 + ["structure"] * 2
+    props = [(k, "", 0.0, role) for k, role in zip("abcdefgh", roles, strict=True)]
+    by_key = {p[0]: p for p in props}
+    reordered = [by_key[k] for k in "hdcfabeg"]  # a re-ranking that puts e and g last
+    # Half the pool is wanted: half of each exploring role (its best scored) goes first.
+    out = keep_exploring(props, reordered, 4)
+    assert [p[0] for p in out] == list("eghdcfab")
+    # Without exploring roles (early batches) the re-ranking is left as it is.
+    plain = [(k, "", 0.0, "exploit") for k in "abcd"]
+    assert keep_exploring(plain, plain[::-1], 2) == plain[::-1]
+
+
 def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     """With RERANK_AFTER valid records, the search proposes RERANK_POOL times the batch and the
     batch is the head of those proposals blended with a store-feature model trained on the
@@ -143,6 +157,41 @@ def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     assert len(pool) == RERANK_POOL * 8
     assert reranked == blended[:8] != plain
     assert not set(reranked) & set(history)
+
+
+def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
+    """Once the run has the search's `novel_after` records (64), the search gives shares of the
+    batch to coarse shapes and structures hardly measured; re-ranking by the store-feature model
+    keeps those shares instead of dropping them for the structures it knows."""
+    from fastsearch import search
+
+    func = small("GMM")
+    history: dict[str, float] = {}
+    warmup = ModelGuidedSampler(
+        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=1, rerank=False
+    )
+    r = 0
+    while len(history) < 64:
+        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
+        r += 1
+    seen = []
+
+    def spy(proposals, reordered, want):
+        out = keep_exploring(proposals, reordered, want)
+        seen.append((proposals, reordered, out))
+        return out
+
+    monkeypatch.setattr(search, "keep_exploring", spy)
+    sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
+    sampler.genomes.update(warmup.genomes)
+    batch = [c.key for c in sampler(func, TARGET, 8, 99, set(history))]
+    ((pool, reordered, out),) = seen
+    assert len(pool) == RERANK_POOL * 8 and reordered != pool
+    roles = {p[0]: p[3] for p in pool}
+    # A quarter of the pool explores new coarse shapes: a quarter of the batch still does.
+    assert sum(roles[k] == "shape" for k in batch) == 2
+    assert batch == [p[0] for p in out[:8]]
+    assert not set(batch) & set(history)
 
 
 def test_model_guided_sampler_is_deterministic():
@@ -363,5 +412,5 @@ def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
     fma = fma_per_cycle(TARGET)
     unevolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 0, None, 0.0, fma)
     evolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 4, None, 0.0, fma)
-    assert first == [key for key, _, _ in unevolved]
-    assert first != [key for key, _, _ in evolved]
+    assert first == [key for key, _, _, _ in unevolved]
+    assert first != [key for key, _, _, _ in evolved]

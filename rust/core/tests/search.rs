@@ -7,7 +7,7 @@ use fastsearch_core::program::Program;
 use fastsearch_core::rng::Rng;
 use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
 use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
-use fastsearch_core::search::{coarse_shape, SearchContext};
+use fastsearch_core::search::{coarse_shape, structure, Proposal, Role, SearchContext};
 use fastsearch_core::sketch::{CpuTarget, Genome, Rule, SketchSpace};
 
 /// A program with its sketches, a 2-core target and the measured candidates.
@@ -78,7 +78,7 @@ fn synthetic(_: &Program, _: &SketchSpace, genomes: &[Genome]) -> Vec<f64> {
         .collect()
 }
 
-fn genomes(proposals: &[fastsearch_core::search::Proposal]) -> Vec<Genome> {
+fn genomes(proposals: &[Proposal]) -> Vec<Genome> {
     proposals.iter().map(|x| x.genome.clone()).collect()
 }
 
@@ -124,9 +124,7 @@ fn search_is_the_same_on_one_or_many_threads() {
             .build()
             .unwrap();
         pool.install(|| {
-            let keys = |p: Vec<fastsearch_core::search::Proposal>| {
-                p.into_iter().map(|x| x.key).collect::<Vec<_>>()
-            };
+            let keys = |p: Vec<Proposal>| p.into_iter().map(|x| x.key).collect::<Vec<_>>();
             (
                 keys(evolve(&f.ctx(), &synthetic, &[], 12, &config, 3)),
                 keys(anneal(&f.ctx(), &synthetic, &[], 12, &annealing, 3)),
@@ -166,7 +164,7 @@ fn small_spaces_still_fill_the_batch() {
 }
 
 /// Distinct coarse shapes among `proposals` that no `measured` genome has.
-fn novel_shapes(proposals: &[fastsearch_core::search::Proposal], measured: &[Genome]) -> usize {
+fn novel_shapes(proposals: &[Proposal], measured: &[Genome]) -> usize {
     let old: HashSet<u64> = measured.iter().map(coarse_shape).collect();
     proposals
         .iter()
@@ -184,6 +182,7 @@ fn late_batches_spend_their_share_on_shapes_not_measured() {
         generations: 3,
         epsilon: 0.0,
         novel_share: 0.0,
+        structure_share: 0.0,
         ..Default::default()
     };
     let exploring = EvolutionConfig {
@@ -208,11 +207,85 @@ fn late_batches_spend_their_share_on_shapes_not_measured() {
         novel_after: 17,
         ..exploring
     };
-    let keys = |p: &[fastsearch_core::search::Proposal]| {
-        p.iter().map(|x| x.key.clone()).collect::<Vec<_>>()
-    };
+    let keys = |p: &[Proposal]| p.iter().map(|x| x.key.clone()).collect::<Vec<_>>();
     assert_eq!(
         keys(&evolve(&f.ctx(), &synthetic, &seeds, 16, &early, 8)),
+        keys(&plain)
+    );
+}
+
+#[test]
+fn late_batches_spend_their_share_on_structures_measured_least() {
+    let mut f = Fixture::new("cbr_small");
+    let focused = EvolutionConfig {
+        population: 256,
+        generations: 3,
+        epsilon: 0.0,
+        novel_share: 0.0,
+        structure_share: 0.0,
+        ..Default::default()
+    };
+    let exploring = EvolutionConfig {
+        structure_share: 0.25,
+        structure_tries: 2,
+        novel_after: 16,
+        ..focused.clone()
+    };
+    let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
+    f.measured = first.iter().map(|x| (x.key.clone(), 1.0)).collect();
+    let seeds = genomes(&first);
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for g in &seeds {
+        *counts.entry(structure(g)).or_insert(0) += 1;
+    }
+    let rare = |p: &[Proposal]| {
+        p.iter()
+            .map(|x| structure(&x.genome))
+            .filter(|s| counts.get(s).copied().unwrap_or(0) < 2)
+            .collect::<HashSet<u64>>()
+            .len()
+    };
+
+    // A model sure of the structure measured most, as late in a run: without the share the
+    // whole batch goes to it.
+    let favourite = *counts.iter().max_by_key(|(s, c)| (**c, **s)).unwrap().0;
+    let sure = |p: &Program, space: &SketchSpace, g: &[Genome]| -> Vec<f64> {
+        let base = synthetic(p, space, g);
+        g.iter()
+            .zip(base)
+            .map(|(g, s)| {
+                if structure(g) == favourite {
+                    s + 100.0
+                } else {
+                    s
+                }
+            })
+            .collect()
+    };
+    let plain = evolve(&f.ctx(), &sure, &seeds, 16, &focused, 8);
+    let tried = evolve(&f.ctx(), &sure, &seeds, 16, &exploring, 8);
+    assert_eq!(tried.len(), 16);
+    assert!(tried.iter().all(|x| !f.measured.contains_key(&x.key)));
+    // A quarter of the batch: four structures measured fewer than twice, one candidate each.
+    let picks: Vec<&Proposal> = tried.iter().filter(|x| x.role == Role::Structure).collect();
+    assert_eq!(picks.len(), 4);
+    let structures: HashSet<u64> = picks.iter().map(|x| structure(&x.genome)).collect();
+    assert_eq!(structures.len(), 4);
+    assert!(structures
+        .iter()
+        .all(|s| counts.get(s).copied().unwrap_or(0) < 2));
+    assert_eq!(rare(&plain), 0);
+    assert_eq!(rare(&tried), 4);
+    assert!(plain.iter().all(|x| x.role == Role::Exploit));
+
+    // Below `novel_after` measured candidates the batch is the plain one.
+    let early = EvolutionConfig {
+        novel_after: 17,
+        ..exploring
+    };
+    let keys = |p: &[Proposal]| p.iter().map(|x| x.key.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        keys(&evolve(&f.ctx(), &sure, &seeds, 16, &early, 8)),
         keys(&plain)
     );
 }

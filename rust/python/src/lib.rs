@@ -301,7 +301,8 @@ fn analytical_scores(
 /// Proposes `n` unmeasured candidates with the search `strategy` ("evolutionary" or
 /// "annealing"), scored by the analytical model. `measured` maps keys of measured candidates
 /// to their latency; `seeds` are genomes (JSON) of the best measured, best first.
-/// Returns `(key, genome JSON, score)` triples, best predicted first.
+/// Returns `(key, genome JSON, score, role)` tuples, best predicted first, where role says why
+/// each is there: "exploit", "shape", "structure" or "random" (`search::Role`).
 #[pyfunction]
 #[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0, fma_per_cycle=2.0))]
 #[allow(clippy::too_many_arguments)]
@@ -320,7 +321,7 @@ fn propose(
     model_json: Option<String>,
     model_weight: f64,
     fma_per_cycle: f64,
-) -> PyResult<Vec<(String, String, f64)>> {
+) -> PyResult<Vec<(String, String, f64, &'static str)>> {
     guarded(py, "propose", move || {
         let program = Program::from_json(&program_json)?;
         let target = cpu(num_cores, vector_bytes, fma_per_cycle);
@@ -370,7 +371,7 @@ fn propose(
         };
         Ok(proposals
             .into_iter()
-            .map(|p| (p.key, genome_json(&p.genome), p.score))
+            .map(|p| (p.key, genome_json(&p.genome), p.score, p.role.as_str()))
             .collect())
     })
 }

@@ -38,12 +38,39 @@ pub struct SearchContext<'a> {
     pub measured: &'a HashMap<String, f64>,
 }
 
-/// A proposed candidate: its key (trace JSON), its genome and its predicted score.
+/// Why a candidate is in a batch. A caller that re-ranks a batch with another model keeps the
+/// exploring roles' share of it: that model prefers what the run already measured as much as
+/// the search's own does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Among the best scored.
+    Exploit,
+    /// The best scored of a coarse shape not measured yet ([`pick_novel`]).
+    Shape,
+    /// The best scored of a structure measured fewer than a few times ([`pick_structures`]).
+    Structure,
+    /// A random draw.
+    Random,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Exploit => "exploit",
+            Role::Shape => "shape",
+            Role::Structure => "structure",
+            Role::Random => "random",
+        }
+    }
+}
+
+/// A proposed candidate: its key (trace JSON), its genome, its predicted score and its role.
 #[derive(Clone, Debug)]
 pub struct Proposal {
     pub key: String,
     pub genome: Genome,
     pub score: f64,
+    pub role: Role,
 }
 
 /// Key of a proposal: the trace JSON, which is what the database and Python deduplicate on.
@@ -79,6 +106,15 @@ pub fn coarse_shape(genome: &Genome) -> u64 {
     h.finish()
 }
 
+/// The structure of a candidate: its rules alone (what is inlined, cached, computed where,
+/// reduced by rfactor), whatever its tile sizes and annotations.
+pub fn structure(genome: &Genome) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    genome.rules.hash(&mut h);
+    h.finish()
+}
+
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
 ///
 /// At most a quarter of the batch may share one coarse shape while other shapes remain: the
@@ -107,9 +143,19 @@ pub(crate) fn pick(
         taken.insert(key.clone());
         if *count < cap {
             *count += 1;
-            out.push(Proposal { key, genome, score });
+            out.push(Proposal {
+                key,
+                genome,
+                score,
+                role: Role::Exploit,
+            });
         } else {
-            deferred.push(Proposal { key, genome, score });
+            deferred.push(Proposal {
+                key,
+                genome,
+                score,
+                role: Role::Exploit,
+            });
         }
     }
     // Too few shapes: the best of the deferred fill the batch, in rank order.
@@ -151,7 +197,53 @@ pub(crate) fn pick_novel(
         }
         shapes.insert(shape);
         taken.insert(key.clone());
-        out.push(Proposal { key, genome, score });
+        out.push(Proposal {
+            key,
+            genome,
+            score,
+            role: Role::Shape,
+        });
+    }
+    out
+}
+
+/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
+/// [`structure`], of structures `measured` holds fewer than `tries` times: the model's best guess
+/// at each structure the run has hardly tried. The model extrapolates worst to structures with
+/// few records, so without this share a run keeps measuring the structure it found first.
+pub(crate) fn pick_structures(
+    ctx: &SearchContext<'_>,
+    ranked: impl IntoIterator<Item = (Genome, f64)>,
+    n: usize,
+    measured: &HashMap<u64, usize>,
+    tries: usize,
+    taken: &mut HashSet<String>,
+) -> Vec<Proposal> {
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let mut picked: HashSet<u64> = HashSet::new();
+    for (genome, score) in ranked {
+        if out.len() >= n {
+            break;
+        }
+        let s = structure(&genome);
+        if measured.get(&s).copied().unwrap_or(0) >= tries || picked.contains(&s) {
+            continue;
+        }
+        let key = trace_key(ctx, &genome);
+        if ctx.measured.contains_key(&key) || taken.contains(&key) {
+            continue;
+        }
+        picked.insert(s);
+        taken.insert(key.clone());
+        out.push(Proposal {
+            key,
+            genome,
+            score,
+            role: Role::Structure,
+        });
     }
     out
 }
@@ -175,6 +267,7 @@ pub(crate) fn fill_random(
                 key,
                 genome,
                 score: f64::NAN,
+                role: Role::Random,
             });
         }
     }
