@@ -288,9 +288,7 @@ class ModelGuidedSampler:
             self.state.add_genomes([(c.key, self.genomes[c.key]) for c in out if isinstance(c, Candidate)])
         return out
 
-    def _rerank(
-        self, proposals: Proposals, measured: dict[str, float], warm_weight: float
-    ) -> Proposals:
+    def _rerank(self, proposals: Proposals, measured: dict[str, float], warm_weight: float) -> Proposals:
         """Orders proposals by a blend of the search's rank and the warm model's, the warm one
         weighing ``warm_weight``."""
         assert self.warm is not None
@@ -298,9 +296,7 @@ class ModelGuidedSampler:
             return proposals
         return blend_ranks(proposals, self.warm.predict([key for key, _, _, _ in proposals]), warm_weight)
 
-    def _rerank_late(
-        self, proposals: Proposals, measured: dict[str, float]
-    ) -> Proposals:
+    def _rerank_late(self, proposals: Proposals, measured: dict[str, float]) -> Proposals:
         """Orders proposals by a blend of the search's rank and the task's own store-feature
         model (training counts as model time, scoring the proposals as search time)."""
         assert self.store_ranker is not None
@@ -327,9 +323,7 @@ def keep_exploring(proposals: Proposals, reordered: Proposals, want: int) -> Pro
     return kept + [p for p in reordered if p[0] not in taken]
 
 
-def blend_ranks(
-    proposals: Proposals, predicted: np.ndarray, weight: float
-) -> Proposals:
+def blend_ranks(proposals: Proposals, predicted: np.ndarray, weight: float) -> Proposals:
     """``proposals`` (in the search's order) ordered by ``weight`` x their rank by ``predicted``
     (higher first) plus ``1 - weight`` x their rank in the search; ties keep the search's order."""
     by_model = np.empty(len(proposals))
