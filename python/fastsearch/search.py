@@ -71,9 +71,8 @@ STRATEGIES = ("evolutionary", "annealing")
 Proposals = list[tuple[str, str, float, str]]
 #: Roles of proposals (Rust's ``search::Role``) that keep their share of the batch when a
 #: re-ranking model reorders it: the late search's exploration of coarse shapes and structures
-#: the run has hardly measured. The re-ranking model, trained on the same records, favours the
-#: measured structures as much as the search's model does: in the suite's 256-trial runs it left
-#: 2-7% of most runs' late measurements to new coarse shapes where the search had proposed 25%.
+#: the run has hardly measured. The re-ranking model is trained on the same records and trusts
+#: what it has not seen no more than the search's model does, so it would cut that share.
 EXPLORING_ROLES = ("shape", "structure")
 
 #: ``() -> [(key, mean latency in seconds or inf when failed)]`` of the task's measured records.
