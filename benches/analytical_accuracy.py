@@ -28,13 +28,12 @@ import tvm
 from fastsearch import _core
 from fastsearch.cli import load_workload
 from fastsearch.cost_model import pairwise_accuracy
-from fastsearch.measure import MeasureConfig, Measurer
-from fastsearch.sample import Postprocessor, base_schedule, fma_per_cycle, num_cores, replay, vector_bytes
+from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
 from fastsearch.target import resolve_target
 from fastsearch.tir_import import program_json
-from tvm.s_tir import meta_schedule as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_keys import measure_keys
 from suite import DEFAULT_WORKLOADS
 
 
@@ -48,15 +47,11 @@ def measure(workload: str, n: int, seed: int, target: tvm.target.Target, out_dir
     pairs = _core.sample_genomes(
         program, num_cores(target), vector_bytes(target), n, seed, [], fma_per_cycle(target)
     )
-    post, base = Postprocessor(func, target), base_schedule(func)
-    replayed = [(genome, replay(base, key, post)) for key, genome in pairs]
-    kept = [(genome, sch) for genome, sch in replayed if sch is not None]
-    with Measurer(target, MeasureConfig(repeat=3, min_repeat_ms=20)) as measurer:
-        results = measurer.measure([sch.mod for _, sch in kept], ms.arg_info.ArgInfo.from_prim_func(func))
-        Measurer.release(results)
+    us = measure_keys(func, target, [key for key, _ in pairs])
     rows = [
-        {"genome": genome, "seconds": res.mean_us * 1e-6 if res.ok else None}
-        for (genome, _), res in zip(kept, results, strict=True)
+        {"genome": genome, "seconds": None if us[key] is None else us[key] * 1e-6}
+        for key, genome in pairs
+        if key in us
     ]
     doc = {"workload": workload, "seed": seed, "target": str(target), "rows": rows}
     _file(out_dir, workload).write_text(json.dumps(doc))

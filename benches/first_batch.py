@@ -19,13 +19,12 @@ from pathlib import Path
 import numpy as np
 from fastsearch import _core
 from fastsearch.cli import load_workload
-from fastsearch.measure import MeasureConfig, Measurer
-from fastsearch.sample import Postprocessor, base_schedule, fma_per_cycle, num_cores, replay, vector_bytes
+from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
 from fastsearch.target import resolve_target
 from fastsearch.tir_import import program_json
-from tvm.s_tir import meta_schedule as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_keys import measure_keys
 from suite import DEFAULT_WORKLOADS
 
 #: (population, generations) settings compared; the first is the reference.
@@ -57,14 +56,8 @@ def best_of_batches(workload: str, seed: int, batch: int) -> dict[str, float]:
         ]
         for name, (pop, gens) in SETTINGS.items()
     }
-    post, base = Postprocessor(func, target), base_schedule(func)
-    schedules = {key: replay(base, key, post) for key in sorted({k for keys in picks.values() for k in keys})}
-    keys = [key for key, sch in schedules.items() if sch is not None]
-    # One measuring session for every batch: the settings see the same machine state.
-    with Measurer(target, MeasureConfig(repeat=3, min_repeat_ms=20)) as measurer:
-        results = measurer.measure([schedules[k].mod for k in keys], ms.arg_info.ArgInfo.from_prim_func(func))
-        Measurer.release(results)
-    us = {key: res.mean_us if res.ok else math.inf for key, res in zip(keys, results, strict=True)}
+    timed = measure_keys(func, target, sorted({k for keys in picks.values() for k in keys}))
+    us = {key: math.inf if t is None else t for key, t in timed.items()}
     return {name: min(us.get(k, math.inf) for k in keys_) for name, keys_ in picks.items()}
 
 

@@ -179,10 +179,11 @@ pub fn evolve(
     for g in seeds {
         *structure_counts.entry(structure(g)).or_insert(0) += 1;
     }
-    let ranked_genomes = || ranked.iter().map(|&(i, s)| (seen.entries[i].0.clone(), s));
+    // Only picked genomes are cloned: the exploring picks may walk the whole ranking.
+    let ranked_refs = || ranked.iter().map(|&(i, s)| (&seen.entries[i].0, s));
     let mut out = pick_structures(
         ctx,
-        ranked_genomes(),
+        ranked_refs(),
         n_structures,
         &structure_counts,
         config.structure_tries,
@@ -190,13 +191,18 @@ pub fn evolve(
     );
     out.extend(pick_novel(
         ctx,
-        ranked_genomes(),
+        ranked_refs(),
         n_novel,
         &measured_shapes,
         &mut taken,
     ));
     let rest = n.saturating_sub(n_random).saturating_sub(out.len());
-    out.extend(pick(ctx, ranked_genomes(), rest, &mut taken));
+    out.extend(pick(
+        ctx,
+        ranked_refs().map(|(g, s)| (g.clone(), s)),
+        rest,
+        &mut taken,
+    ));
     out.sort_by(|a, b| b.score.total_cmp(&a.score));
     fill_random(ctx, &mut out, &mut taken, n, seed);
     out

@@ -171,9 +171,9 @@ pub(crate) fn pick(
 /// Picks up to `n` unmeasured proposals from `ranked` (best first) whose coarse shape is not in
 /// `measured_shapes`, at most one per shape: the model's best guess at each structure or
 /// tiling the run has not tried.
-pub(crate) fn pick_novel(
+pub(crate) fn pick_novel<'a>(
     ctx: &SearchContext<'_>,
-    ranked: impl IntoIterator<Item = (Genome, f64)>,
+    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
     n: usize,
     measured_shapes: &HashSet<u64>,
     taken: &mut HashSet<String>,
@@ -187,11 +187,11 @@ pub(crate) fn pick_novel(
         if out.len() >= n {
             break;
         }
-        let shape = coarse_shape(&genome);
+        let shape = coarse_shape(genome);
         if measured_shapes.contains(&shape) || shapes.contains(&shape) {
             continue;
         }
-        let key = trace_key(ctx, &genome);
+        let key = trace_key(ctx, genome);
         if ctx.measured.contains_key(&key) || taken.contains(&key) {
             continue;
         }
@@ -199,7 +199,7 @@ pub(crate) fn pick_novel(
         taken.insert(key.clone());
         out.push(Proposal {
             key,
-            genome,
+            genome: genome.clone(),
             score,
             role: Role::Shape,
         });
@@ -211,9 +211,9 @@ pub(crate) fn pick_novel(
 /// [`structure`], of structures `measured` holds fewer than `tries` times: the model's best guess
 /// at each structure the run has hardly tried. The model extrapolates worst to structures with
 /// few records, so without this share a run keeps measuring the structure it found first.
-pub(crate) fn pick_structures(
+pub(crate) fn pick_structures<'a>(
     ctx: &SearchContext<'_>,
-    ranked: impl IntoIterator<Item = (Genome, f64)>,
+    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
     n: usize,
     measured: &HashMap<u64, usize>,
     tries: usize,
@@ -228,11 +228,11 @@ pub(crate) fn pick_structures(
         if out.len() >= n {
             break;
         }
-        let s = structure(&genome);
+        let s = structure(genome);
         if measured.get(&s).copied().unwrap_or(0) >= tries || picked.contains(&s) {
             continue;
         }
-        let key = trace_key(ctx, &genome);
+        let key = trace_key(ctx, genome);
         if ctx.measured.contains_key(&key) || taken.contains(&key) {
             continue;
         }
@@ -240,7 +240,7 @@ pub(crate) fn pick_structures(
         taken.insert(key.clone());
         out.push(Proposal {
             key,
-            genome,
+            genome: genome.clone(),
             score,
             role: Role::Structure,
         });
