@@ -174,9 +174,10 @@ fn novel_shapes(proposals: &[Proposal], measured: &[Genome]) -> usize {
         .len()
 }
 
-#[test]
-fn late_batches_spend_their_share_on_shapes_not_measured() {
-    let mut f = Fixture::new("gmm_512");
+/// A fixture whose run has measured 16 candidates (the first batch of a search without any
+/// exploring share, which it returns), and their genomes.
+fn sixteen_measured(name: &str) -> (Fixture, EvolutionConfig, Vec<Genome>) {
+    let mut f = Fixture::new(name);
     let focused = EvolutionConfig {
         population: 256,
         generations: 3,
@@ -185,14 +186,20 @@ fn late_batches_spend_their_share_on_shapes_not_measured() {
         structure_share: 0.0,
         ..Default::default()
     };
+    let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
+    f.measured = first.iter().map(|x| (x.key.clone(), 1.0)).collect();
+    let seeds = genomes(&first);
+    (f, focused, seeds)
+}
+
+#[test]
+fn late_batches_spend_their_share_on_shapes_not_measured() {
+    let (f, focused, seeds) = sixteen_measured("gmm_512");
     let exploring = EvolutionConfig {
         novel_share: 0.5,
         novel_after: 16,
         ..focused.clone()
     };
-    let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
-    f.measured = first.iter().map(|x| (x.key.clone(), 1.0)).collect();
-    let seeds = genomes(&first);
 
     let plain = evolve(&f.ctx(), &synthetic, &seeds, 16, &focused, 8);
     let novel = evolve(&f.ctx(), &synthetic, &seeds, 16, &exploring, 8);
@@ -216,24 +223,13 @@ fn late_batches_spend_their_share_on_shapes_not_measured() {
 
 #[test]
 fn late_batches_spend_their_share_on_structures_measured_least() {
-    let mut f = Fixture::new("cbr_small");
-    let focused = EvolutionConfig {
-        population: 256,
-        generations: 3,
-        epsilon: 0.0,
-        novel_share: 0.0,
-        structure_share: 0.0,
-        ..Default::default()
-    };
+    let (f, focused, seeds) = sixteen_measured("cbr_small");
     let exploring = EvolutionConfig {
         structure_share: 0.25,
         structure_tries: 2,
         novel_after: 16,
         ..focused.clone()
     };
-    let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
-    f.measured = first.iter().map(|x| (x.key.clone(), 1.0)).collect();
-    let seeds = genomes(&first);
     let mut counts: HashMap<u64, usize> = HashMap::new();
     for g in &seeds {
         *counts.entry(structure(g)).or_insert(0) += 1;

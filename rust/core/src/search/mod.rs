@@ -168,6 +168,46 @@ pub(crate) fn pick(
     out
 }
 
+/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per `class`
+/// of genome, of the classes `eligible` accepts, each marked `role`.
+fn pick_one_per_class<'a>(
+    ctx: &SearchContext<'_>,
+    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
+    n: usize,
+    class: impl Fn(&Genome) -> u64,
+    eligible: impl Fn(u64) -> bool,
+    role: Role,
+    taken: &mut HashSet<String>,
+) -> Vec<Proposal> {
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let mut picked: HashSet<u64> = HashSet::new();
+    for (genome, score) in ranked {
+        if out.len() >= n {
+            break;
+        }
+        let c = class(genome);
+        if picked.contains(&c) || !eligible(c) {
+            continue;
+        }
+        let key = trace_key(ctx, genome);
+        if ctx.measured.contains_key(&key) || taken.contains(&key) {
+            continue;
+        }
+        picked.insert(c);
+        taken.insert(key.clone());
+        out.push(Proposal {
+            key,
+            genome: genome.clone(),
+            score,
+            role,
+        });
+    }
+    out
+}
+
 /// Picks up to `n` unmeasured proposals from `ranked` (best first) whose coarse shape is not in
 /// `measured_shapes`, at most one per shape: the model's best guess at each structure or
 /// tiling the run has not tried.
@@ -178,33 +218,8 @@ pub(crate) fn pick_novel<'a>(
     measured_shapes: &HashSet<u64>,
     taken: &mut HashSet<String>,
 ) -> Vec<Proposal> {
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
-    let mut shapes: HashSet<u64> = HashSet::new();
-    for (genome, score) in ranked {
-        if out.len() >= n {
-            break;
-        }
-        let shape = coarse_shape(genome);
-        if measured_shapes.contains(&shape) || shapes.contains(&shape) {
-            continue;
-        }
-        let key = trace_key(ctx, genome);
-        if ctx.measured.contains_key(&key) || taken.contains(&key) {
-            continue;
-        }
-        shapes.insert(shape);
-        taken.insert(key.clone());
-        out.push(Proposal {
-            key,
-            genome: genome.clone(),
-            score,
-            role: Role::Shape,
-        });
-    }
-    out
+    let eligible = |shape: u64| !measured_shapes.contains(&shape);
+    pick_one_per_class(ctx, ranked, n, coarse_shape, eligible, Role::Shape, taken)
 }
 
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
@@ -219,33 +234,8 @@ pub(crate) fn pick_structures<'a>(
     tries: usize,
     taken: &mut HashSet<String>,
 ) -> Vec<Proposal> {
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
-    }
-    let mut picked: HashSet<u64> = HashSet::new();
-    for (genome, score) in ranked {
-        if out.len() >= n {
-            break;
-        }
-        let s = structure(genome);
-        if measured.get(&s).copied().unwrap_or(0) >= tries || picked.contains(&s) {
-            continue;
-        }
-        let key = trace_key(ctx, genome);
-        if ctx.measured.contains_key(&key) || taken.contains(&key) {
-            continue;
-        }
-        picked.insert(s);
-        taken.insert(key.clone());
-        out.push(Proposal {
-            key,
-            genome: genome.clone(),
-            score,
-            role: Role::Structure,
-        });
-    }
-    out
+    let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
+    pick_one_per_class(ctx, ranked, n, structure, eligible, Role::Structure, taken)
 }
 
 /// Tops `out` up to `n` with random unmeasured draws (exploration, or a search that ran out).
