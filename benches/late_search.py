@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from fastsearch.database import mean_run_secs
 
 #: fastsearch proposes and measures in batches of this size in the suite (tune's default).
 BATCH = 16
@@ -32,8 +33,7 @@ def _records(path: Path, limit: int) -> list[list[Any]]:
 
 
 def _latency(record: list[Any]) -> float:
-    secs = record[1][1]
-    return sum(float(s) for s in secs) / len(secs) if secs else math.inf
+    return mean_run_secs(record[1][1])
 
 
 def _rules(genome: dict[str, Any]) -> str:

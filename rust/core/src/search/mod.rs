@@ -78,13 +78,18 @@ pub(crate) fn trace_key(ctx: &SearchContext<'_>, genome: &Genome) -> String {
     emit(ctx.program, ctx.space, genome).to_string()
 }
 
+/// The search's 64-bit hash of `value` (the one hasher identities, shapes and structures use).
+fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
 /// A cheap identity for genomes inside a search: a genome determines its trace, so equal
 /// hashes stand for equal candidates without emitting any JSON.
 pub(crate) fn identity(genome: &Genome) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    genome.hash(&mut h);
-    h.finish()
+    hash_of(genome)
 }
 
 /// Most proposals of one batch that may share a [`coarse_shape`]: a quarter of the batch.
@@ -109,10 +114,7 @@ pub fn coarse_shape(genome: &Genome) -> u64 {
 /// The structure of a candidate: its rules alone (what is inlined, cached, computed where,
 /// reduced by rfactor), whatever its tile sizes and annotations.
 pub fn structure(genome: &Genome) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    genome.rules.hash(&mut h);
-    h.finish()
+    hash_of(&genome.rules)
 }
 
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
