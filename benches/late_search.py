@@ -1,6 +1,6 @@
 """What the measurements after the 64th went to, in a suite's runs (``suite.py --out-dir``).
 
-For fastsearch (its database and genomes, still in each run's ``work_dir``): the share of late
+For fastsearch (its database and genomes, in each run's ``work_dir`` or the suite's kept copy): the share of late
 measurements given to a structure (the genome's rules: what is inlined, cached, computed where)
 measured fewer than ``--tries`` times before that batch, the share given to a coarse shape
 (rules and outer tile extents) not measured before it, how many structures the run measured, and
@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from fastsearch.database import mean_run_secs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import fastsearch_dir
 
 #: fastsearch proposes and measures in batches of this size in the suite (tune's default).
 BATCH = 16
@@ -139,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in sorted(out.glob(f"run_*_t{args.trials}.json")):
         run = json.loads(path.read_text())
         work = Path(run["work_dir"])
-        if not (work / "fastsearch" / "database_tuning_record.json").exists():
-            print(f"{path.name}: {work} is gone, skipped", file=sys.stderr)
+        fs_dir = fastsearch_dir(run, out, path.stem)
+        if fs_dir is None:
+            print(f"{path.name}: {work} is gone and was not kept, skipped", file=sys.stderr)
             continue
-        fs = fastsearch_late(work / "fastsearch", args.trials, args.start, args.tries)
+        fs = fastsearch_late(fs_dir, args.trials, args.start, args.tries)
         ms_db = out / "metaschedule" / path.stem / "database_tuning_record.json"
         if not ms_db.exists():
             ms_db = work / "metaschedule" / "database_tuning_record.json"

@@ -15,8 +15,10 @@ wall times, fastsearch's time breakdown, MetaSchedule's profiler scopes (its Evo
 its search time), and time to parity (wall time until fastsearch's best during tuning is at least
 as fast as MetaSchedule's final best during tuning).
 
-One JSON per run goes to ``--out-dir``, and MetaSchedule's database of the run to
-``--out-dir/metaschedule/<run>/`` (for ``--reuse-metaschedule``); runs already there are
+One JSON per run goes to ``--out-dir``, MetaSchedule's database of the run to
+``--out-dir/metaschedule/<run>/`` (for ``--reuse-metaschedule``), and fastsearch's database and
+genomes, gzipped, to ``--out-dir/fastsearch/<run>/`` (``--retime`` and ``late_search.py`` read
+them once the run's temporary work directory is gone); runs already there are
 skipped, so an interrupted suite resumes. ``--report`` aggregates every run found into ``suite.md`` and PNG curves:
 
     python benches/suite.py --workloads GMM:2 C2D:1 --seeds 0 1 2 --trials 64 --out-dir suite64
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import math
 import os
@@ -91,6 +94,39 @@ def _records_in_order(work_dir: Path, func: Any) -> list[ms.database.TuningRecor
             _, rec = json.loads(line)
             out.append(ms.database.TuningRecord.from_json(rec, workload))
     return out
+
+
+#: What of a fastsearch work directory a suite keeps (gzipped), so that its records can be
+#: re-timed and analysed after the temporary work directory is gone.
+_FASTSEARCH_KEPT = (
+    "database_workload.json",
+    "database_tuning_record.json",
+    "fastsearch_search.main.genomes.jsonl",
+)
+
+
+def keep_fastsearch(work: Path, kept: Path) -> None:
+    """Gzipped copies of fastsearch's database and genomes from ``work`` in ``kept``."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in _FASTSEARCH_KEPT:
+        if (work / name).exists():
+            with gzip.open(kept / f"{name}.gz", "wb", compresslevel=9) as out:
+                out.write((work / name).read_bytes())
+
+
+def fastsearch_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path | None:
+    """A run's fastsearch work directory: still in its ``work_dir``, or unpacked from the copy the
+    suite kept in ``out_dir/fastsearch/<stem>`` (None when neither exists)."""
+    work = Path(run["work_dir"]) / "fastsearch"
+    if (work / "database_tuning_record.json").exists():
+        return work
+    kept = out_dir / "fastsearch" / stem
+    if not (kept / "database_tuning_record.json.gz").exists():
+        return None
+    unpacked = Path(tempfile.mkdtemp(prefix=f"kept_{stem}_"))
+    for gz in kept.glob("*.gz"):
+        (unpacked / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
+    return unpacked
 
 
 def _mean_us(rec: ms.database.TuningRecord) -> float:
@@ -265,11 +301,14 @@ def retime_runs(out_dir: Path, repeat: int, processes: int) -> None:
         work = Path(run["work_dir"])
         kept = out_dir / "metaschedule" / path.stem
         ms_dir = kept if kept.exists() else work / "metaschedule"
-        if not (work / "fastsearch").exists():
-            print(f"{path.name}: {work / 'fastsearch'} is gone; not re-timed", file=sys.stderr)
+        fs_dir = fastsearch_dir(run, out_dir, path.stem)
+        if fs_dir is None:
+            print(
+                f"{path.name}: {work / 'fastsearch'} is gone and was not kept; not re-timed", file=sys.stderr
+            )
             continue
         func = load_workload(run["workload"]).func
-        fs_records = _records_in_order(work / "fastsearch", func)
+        fs_records = _records_in_order(fs_dir, func)
         ms_records = _records_in_order(ms_dir, func)
         for n, entry in run["checkpoints"].items():
             last = int(n) == max(int(x) for x in run["checkpoints"])
@@ -581,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)
+                keep_fastsearch(work / "fastsearch", out_dir / "fastsearch" / path.stem)
                 path.write_text(json.dumps(res, indent=1))
                 cp = res["checkpoints"][str(max(args.trials))]
                 if cp.get("fastsearch_retimed_us"):
