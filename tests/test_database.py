@@ -111,6 +111,31 @@ def test_reload_keys_best_and_resume(measured, gmm):
     assert not {c.key for c in again} & stored
 
 
+def test_results_kept_by_commits_equal_the_stored_records(measured, gmm, tmp_path):
+    """The per-candidate results a search reads every round are kept up to date by commits, and
+    equal what a fresh load of the files gives: fastest first, a candidate stored twice (a final
+    round's winner) at its lower mean, failures at MetaSchedule's stub."""
+    work, schedules, _, keys = measured
+    db = TuningDatabase(_copy(work, tmp_path))
+    workload = db.commit_workload(gmm)
+    before = dict(db.results(workload))
+    assert before[candidate_key(schedules[2].trace)] == FAILED_RUN_SECS
+    args_info = ms.arg_info.ArgInfo.from_prim_func(gmm["main"])
+    slower, faster = sorted(keys, key=before.__getitem__, reverse=True)
+    i = keys.index(slower)
+    lower = [before[faster] / 2] * 2  # stored again, now the fastest
+    db.commit(workload, schedules[i].trace, lower, TARGET, args_info, slower)
+    db.commit(workload, schedules[i].trace, [1.0], TARGET, args_info)  # a slower repeat changes nothing
+    kept = db.results(workload)
+    assert [k for k, _ in kept] == [slower, faster, candidate_key(schedules[2].trace)]
+    assert kept[0][1] == pytest.approx(before[faster] / 2, rel=1e-6)
+    reloaded = TuningDatabase(db.path)
+    again = reloaded.results(reloaded.commit_workload(gmm))
+    assert [k for k, _ in again] == [k for k, _ in kept]
+    assert [v for _, v in again] == pytest.approx([v for _, v in kept], rel=1e-6)
+    assert db.measured_keys(workload) == set(before)
+
+
 def _copy(work, tmp_path):
     dst = tmp_path / "copy"
     shutil.copytree(work, dst)

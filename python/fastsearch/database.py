@@ -64,6 +64,12 @@ def candidate_key(trace: Trace) -> str:
     return json.dumps(plain_json(trace.as_json(remove_postproc=True)), separators=(",", ":"))
 
 
+def _lower(secs_by_key: dict[str, float], key: str, run_secs: Sequence[Any] | None) -> None:
+    """Keep the lower of ``key``'s mean seconds so far and that of ``run_secs`` (TVM values)."""
+    secs = mean_run_secs([float(s) for s in run_secs] if run_secs is not None else None)
+    secs_by_key[key] = min(secs, secs_by_key.get(key, FAILED_RUN_SECS))
+
+
 def is_failed(run_secs: Sequence[float] | None) -> bool:
     """Whether a record's run seconds mark a failed candidate (missing, or MetaSchedule's stub)."""
     if not run_secs:
@@ -197,7 +203,8 @@ class TuningDatabase:
                 f"cannot load the tuning database {self.workload_path} / {self.record_path}: "
                 f"{_first_bad_line(self.workload_path, self.record_path) or exc}"
             ) from exc
-        self._keys: dict[str, set[str]] = {}
+        # per workload (structural hash): keys measured, and each key's lowest mean seconds
+        self._by_workload: dict[str, tuple[set[str], dict[str, float]]] = {}
 
     def __len__(self) -> int:
         return len(self.ms_database)
@@ -223,10 +230,24 @@ class TuningDatabase:
 
     def measured_keys(self, workload: ms.database.Workload) -> set[str]:
         """Candidate keys of every record of ``workload`` (what a resumed run must not re-measure)."""
-        key = str(structural_hash(workload.mod))
-        if key not in self._keys:
-            self._keys[key] = {candidate_key(rec.trace) for rec in self.records(workload)}
-        return self._keys[key]
+        return self._index(workload)[0]
+
+    def results(self, workload: ms.database.Workload) -> list[tuple[str, float]]:
+        """(key, mean run seconds) of every candidate of ``workload``, fastest first (ties in the
+        order they were stored, as JSONDatabase orders them); a candidate stored twice has its
+        lower mean; ``FAILED_RUN_SECS`` marks a failure. Kept up to date by :meth:`commit`, so a
+        search can ask every round without reading every trace again."""
+        return sorted(self._index(workload)[1].items(), key=lambda kv: kv[1])
+
+    def _index(self, workload: ms.database.Workload) -> tuple[set[str], dict[str, float]]:
+        """The keys and lowest mean seconds of ``workload``'s candidates, read from its records once."""
+        h = str(structural_hash(workload.mod))
+        if h not in self._by_workload:
+            secs: dict[str, float] = {}
+            for rec in self.records(workload):
+                _lower(secs, candidate_key(rec.trace), rec.run_secs)
+            self._by_workload[h] = (set(secs), secs)
+        return self._by_workload[h]
 
     # -- records -------------------------------------------------------------------------------
     def commit(
@@ -236,8 +257,10 @@ class TuningDatabase:
         run_secs: Sequence[float] | None,
         target: tvm.target.Target,
         args_info: Sequence[ms.arg_info.ArgInfo],
+        key: str | None = None,
     ) -> ms.database.TuningRecord:
-        """Append one record; ``run_secs=None`` marks a failure (stored as ``[1e10]``)."""
+        """Append one record; ``run_secs=None`` marks a failure (stored as ``[1e10]``). ``key`` is
+        the candidate's key when the caller has it (else it is computed from ``trace``)."""
         secs = [FAILED_RUN_SECS] if run_secs is None or len(run_secs) == 0 else [float(s) for s in run_secs]
         record = ms.database.TuningRecord(
             trace=trace,
@@ -250,7 +273,10 @@ class TuningDatabase:
             self.ms_database.commit_tuning_record(record)
         except Exception as exc:
             raise DatabaseError(f"cannot write tuning record to {self.record_path}: {exc}") from exc
-        self.measured_keys(workload).add(candidate_key(trace))
+        keys, secs_by_key = self._index(workload)
+        key = candidate_key(trace) if key is None else key
+        keys.add(key)
+        _lower(secs_by_key, key, record.run_secs)
         return record
 
     def best(self, workload: ms.database.Workload) -> ms.database.TuningRecord | None:

@@ -841,8 +841,14 @@ def _run_batch(
         if cand.sch is None:
             apply_failures.add(wl_id, cand.key, res.error or "cannot apply the trace")
         else:
-            db.commit(task.workload, cand.sch.trace, res.run_secs if res.ok else None, target, task.args_info)
-            db.measured_keys(task.workload).add(cand.key)
+            db.commit(
+                task.workload,
+                cand.sch.trace,
+                res.run_secs if res.ok else None,
+                target,
+                task.args_info,
+                cand.key,
+            )
         task.result.trials_measured += 1
         if not res.ok:
             task.result.failed += 1
@@ -939,15 +945,7 @@ def _final_round(
 
 def _stored_results(db: TuningDatabase, task: _Task) -> list[tuple[str, float | None]]:
     """(key, mean seconds or None) of every stored record of the task, for a strategy's warm start."""
-    out: dict[str, float | None] = {}
-    for rec in db.records(task.workload):
-        secs = (
-            mean_run_secs([float(s) for s in rec.run_secs]) if rec.run_secs is not None else FAILED_RUN_SECS
-        )
-        key = candidate_key(rec.trace)
-        # a candidate stored twice (a final round's winner): its lowest, the one TVM ranks by
-        out[key] = min(secs, out.get(key) or FAILED_RUN_SECS)
-    return [(key, None if secs >= FAILED_RUN_SECS else secs) for key, secs in out.items()]
+    return [(key, None if secs >= FAILED_RUN_SECS else secs) for key, secs in db.results(task.workload)]
 
 
 def _check_candidate(
