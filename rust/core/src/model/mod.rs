@@ -56,15 +56,19 @@ impl Scorer for HybridScorer<'_> {
     fn score(&self, program: &Program, space: &SketchSpace, genomes: &[Genome]) -> Vec<f64> {
         genomes
             .par_iter()
-            .map(|g| {
-                let analytical = self.reference_cycles
-                    / analytical::estimate_cycles(program, space, g, self.target).max(1.0);
-                match &self.forest {
-                    Some(f) if self.weight > 0.0 => {
-                        let row = sketch_features::sketch_features(program, space, g, self.target);
-                        self.weight * f.predict_row(&row) as f64 + (1.0 - self.weight) * analytical
-                    }
-                    _ => analytical,
+            .map(|g| match &self.forest {
+                Some(f) if self.weight > 0.0 => {
+                    // The features are the analytical model's working: estimate the blocks once.
+                    let estimates =
+                        sketch_features::block_estimates(program, space, g, self.target);
+                    let analytical =
+                        self.reference_cycles / sketch_features::total_cycles(&estimates).max(1.0);
+                    let row = sketch_features::features_of_estimates(g, &estimates);
+                    self.weight * f.predict_row(&row) as f64 + (1.0 - self.weight) * analytical
+                }
+                _ => {
+                    self.reference_cycles
+                        / analytical::estimate_cycles(program, space, g, self.target).max(1.0)
                 }
             })
             .collect()

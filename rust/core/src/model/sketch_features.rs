@@ -4,7 +4,7 @@
 //! plus the candidate's annotations and rules. Being shape-relative (logs and ratios), it
 //! transfers between workloads of the same kind.
 
-use super::analytical::estimate_block;
+use super::analytical::{estimate_block, BlockEstimate};
 use crate::program::Program;
 use crate::sketch::{CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES};
 
@@ -59,7 +59,19 @@ pub fn sketch_features(
     genome: &Genome,
     target: &CpuTarget,
 ) -> [f32; SKETCH_FEATURES] {
-    let estimates: Vec<_> = space
+    features_of_estimates(genome, &block_estimates(program, space, genome, target))
+}
+
+/// The analytical model's estimate of each block of `genome`, in the space's block order: what
+/// both the features and the estimated cycles ([`total_cycles`]) are made of, so a scorer
+/// that needs both works them out once.
+pub fn block_estimates(
+    program: &Program,
+    space: &SketchSpace,
+    genome: &Genome,
+    target: &CpuTarget,
+) -> Vec<(usize, BlockEstimate)> {
+    space
         .infos
         .iter()
         .map(|i| {
@@ -68,8 +80,21 @@ pub fn sketch_features(
                 estimate_block(program, space, genome, i.block, target),
             )
         })
-        .collect();
-    let total: f64 = estimates.iter().map(|(_, e)| e.cycles).sum();
+        .collect()
+}
+
+/// Estimated cycles of the whole candidate: the same sum, in the same order, as
+/// [`super::analytical::estimate_cycles`].
+pub fn total_cycles(estimates: &[(usize, BlockEstimate)]) -> f64 {
+    estimates.iter().map(|(_, e)| e.cycles).sum()
+}
+
+/// The features of `genome` from its [`block_estimates`].
+pub fn features_of_estimates(
+    genome: &Genome,
+    estimates: &[(usize, BlockEstimate)],
+) -> [f32; SKETCH_FEATURES] {
+    let total = total_cycles(estimates);
     let (block, e) = estimates
         .iter()
         .max_by(|a, b| a.1.cycles.total_cmp(&b.1.cycles))
@@ -119,4 +144,41 @@ pub fn sketch_features(
         (e.cycles / total.max(1e-9)) as f32,
         lg(e.llvm_unrolled_steps),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::analytical::estimate_cycles;
+    use crate::rng::Rng;
+
+    /// The scorer takes the estimate and the features from one set of block estimates: both
+    /// must be exactly what the separate functions give.
+    #[test]
+    fn shared_block_estimates_give_the_same_cycles_and_features() {
+        for fixture in [
+            "cbr_small.json",
+            "gmm_512.json",
+            "sfm_small.json",
+            "tbg_0.json",
+        ] {
+            let path = format!("{}/tests/fixtures/{fixture}", env!("CARGO_MANIFEST_DIR"));
+            let program = Program::from_json(&std::fs::read_to_string(path).unwrap()).unwrap();
+            let space = SketchSpace::new(&program);
+            let target = CpuTarget::new(2)
+                .with_vector_bytes(64)
+                .with_parallel_speedup(Some(1.0));
+            for i in 0..200 {
+                let genome = space.draw(&program, &target, &mut Rng::derive(7, i));
+                let estimates = block_estimates(&program, &space, &genome, &target);
+                assert_eq!(
+                    total_cycles(&estimates).to_bits(),
+                    estimate_cycles(&program, &space, &genome, &target).to_bits()
+                );
+                let shared = features_of_estimates(&genome, &estimates);
+                let apart = sketch_features(&program, &space, &genome, &target);
+                assert_eq!(shared.map(f32::to_bits), apart.map(f32::to_bits));
+            }
+        }
+    }
 }
