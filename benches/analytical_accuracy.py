@@ -28,6 +28,7 @@ import tvm
 from fastsearch import _core
 from fastsearch.cli import load_workload
 from fastsearch.cost_model import pairwise_accuracy
+from fastsearch.machine import machine_of
 from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
 from fastsearch.target import resolve_target
 from fastsearch.tir_import import program_json
@@ -58,9 +59,15 @@ def measure(workload: str, n: int, seed: int, target: tvm.target.Target, out_dir
     print(f"{workload}: {sum(r['seconds'] is not None for r in rows)} of {len(pairs)} measured", flush=True)
 
 
-def score(path: Path) -> dict[str, float]:
+def score(path: Path, speedup: str | None = None) -> dict[str, float]:
+    """Accuracy of the analytical model on one measured file; ``speedup`` ("linear" or a number)
+    replaces the machine's measured parallel speedup (:mod:`fastsearch.machine`)."""
     doc = json.loads(path.read_text())
     target = resolve_target(doc["target"])
+    if speedup is None:
+        parallel = machine_of(target).parallel_speedup
+    else:
+        parallel = None if speedup == "linear" else float(speedup)
     program = program_json(load_workload(doc["workload"]).func)
     rows = [r for r in doc["rows"] if r["seconds"] is not None]
     seconds = np.array([r["seconds"] for r in rows])
@@ -71,6 +78,7 @@ def score(path: Path) -> dict[str, float]:
             vector_bytes(target),
             [r["genome"] for r in rows],
             fma_per_cycle(target),
+            parallel,
         )
     )
     order = np.argsort(-scores, kind="stable")
@@ -84,13 +92,13 @@ def score(path: Path) -> dict[str, float]:
     }
 
 
-def report(out_dir: Path) -> str:
+def report(out_dir: Path, speedup: str | None = None) -> str:
     lines = [
         "| workload | candidates | pairwise accuracy | best of model's top 1 | top 4 | top 16 | median |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for path in sorted(out_dir.glob("*.json")):
-        s = score(path)
+        s = score(path, speedup)
         lines.append(
             f"| {s['workload']} | {s['n']} | {s['pairwise']:.3f} | {s['top1']:.2f} | {s['top4']:.2f} "
             f"| {s['top16']:.2f} | {s['median']:.2f} |"
@@ -107,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--report", action="store_true", help="only score the files in --out-dir")
+    parser.add_argument(
+        "--parallel-speedup",
+        default=None,
+        help="score with this parallel speedup ('linear' or a number) instead of the machine's measured one",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir)
     if not args.report:
@@ -114,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_target(None)
         for workload in args.workloads:
             measure(workload, args.n, args.seed, target, out_dir)
-    text = report(out_dir)
+    text = report(out_dir, args.parallel_speedup)
     (out_dir / "analytical_accuracy.md").write_text(text + "\n")
     print(text)
     return 0

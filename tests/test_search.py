@@ -11,7 +11,8 @@ import tvm
 import xgboost as xgb
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
+from fastsearch.machine import Machine, machine_of
+from fastsearch.sample import fma_per_cycle
 from fastsearch.search import (
     MIN_RECORDS,
     RERANK_AFTER,
@@ -29,6 +30,7 @@ from fastsearch.tir_import import program_json
 from workloads import matmul, matmul_relu, small, softmax
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+MACHINE = Machine(cores=2, vector_bytes=64, fma_per_cycle=2.0, parallel_speedup=None)
 
 
 @pytest.mark.parametrize("objective", ["reg:squarederror", "rank:pairwise"])
@@ -347,18 +349,18 @@ def test_sibling_tasks_train_each_others_models():
     assert model_json is not None and seeds == []
     assert weight == WARM_MODEL_WEIGHT
     assert relu.model.trained_on == len(history)
-    rows, labels, weights = siblings.training("mm_relu", 2, 64)
+    rows, labels, weights = siblings.training("mm_relu", MACHINE)
     assert len(rows) == len(labels) == len(history)
     np.testing.assert_allclose(weights, 1.0)  # the same matmul with another epilogue
     assert labels.max() == 1.0
 
     ModelGuidedSampler(matmul(64), TARGET, "evolutionary", {}.items, siblings=siblings, name="mm64")
-    far = siblings.training("mm64", 2, 64)
+    far = siblings.training("mm64", MACHINE)
     assert far is not None
     np.testing.assert_allclose(far[2], np.exp(-2.0))  # twice the extents: distance 1
 
     ModelGuidedSampler(softmax(), TARGET, "evolutionary", {}.items, siblings=siblings, name="softmax")
-    assert siblings.training("softmax", 2, 64) is None
+    assert siblings.training("softmax", MACHINE) is None
 
     alone = ModelGuidedSampler(matmul_relu(32), TARGET, "evolutionary", {}.items)
     assert alone._train({}) == (None, 0.0, [])
@@ -408,9 +410,13 @@ def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
     sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
     first = [c.key for c in sampler(func, TARGET, 8, 3, set())]
     program = program_json(func)
-    target = (num_cores(TARGET), vector_bytes(TARGET))
-    fma = fma_per_cycle(TARGET)
-    unevolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 0, None, 0.0, fma)
-    evolved = _core.propose(program, *target, "evolutionary", 8, 3, {}, [], 64, 4, None, 0.0, fma)
+    m = machine_of(TARGET)
+    machine = (m.fma_per_cycle, m.parallel_speedup)
+    unevolved = _core.propose(
+        program, m.cores, m.vector_bytes, "evolutionary", 8, 3, {}, [], 64, 0, None, 0.0, *machine
+    )
+    evolved = _core.propose(
+        program, m.cores, m.vector_bytes, "evolutionary", 8, 3, {}, [], 64, 4, None, 0.0, *machine
+    )
     assert first == [key for key, _, _, _ in unevolved]
     assert first != [key for key, _, _, _ in evolved]

@@ -27,13 +27,19 @@ def sample_genomes(
     seed: int,
     exclude: list[str] = ...,
     fma_per_cycle: float = 2.0,
+    parallel_speedup: float | None = None,
 ) -> list[tuple[str, str]]: ...
 def transfer_genomes(program_json: str, genomes: list[str]) -> list[tuple[str, str] | None]: ...
 def transfer_sibling_genomes(
     source_program_json: str, program_json: str, genomes: list[str]
 ) -> list[tuple[str, str] | None]: ...
 def analytical_scores(
-    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str], fma_per_cycle: float = 2.0
+    program_json: str,
+    num_cores: int,
+    vector_bytes: int,
+    genomes: list[str],
+    fma_per_cycle: float = 2.0,
+    parallel_speedup: float | None = None,
 ) -> list[float]: ...
 def propose(
     program_json: str,
@@ -49,9 +55,15 @@ def propose(
     model_json: str | None = None,
     model_weight: float = 0.0,
     fma_per_cycle: float = 2.0,
+    parallel_speedup: float | None = None,
 ) -> list[tuple[str, str, float, str]]: ...
 def sketch_feature_rows(
-    program_json: str, num_cores: int, vector_bytes: int, genomes: list[str], fma_per_cycle: float = 2.0
+    program_json: str,
+    num_cores: int,
+    vector_bytes: int,
+    genomes: list[str],
+    fma_per_cycle: float = 2.0,
+    parallel_speedup: float | None = None,
 ) -> np.ndarray: ...
 def forest_predict(model_json: str, rows: np.ndarray) -> list[float]: ...
 

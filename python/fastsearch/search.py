@@ -20,15 +20,13 @@ import tvm
 
 from fastsearch import _core
 from fastsearch.cost_model import CostModel, StoreRanker
+from fastsearch.machine import Machine, machine_of
 from fastsearch.sample import (
     Candidate,
     Postprocessor,
     base_schedule,
-    fma_per_cycle,
-    num_cores,
     replay,
     replay_all,
-    vector_bytes,
 )
 from fastsearch.target import physical_cores
 from fastsearch.tir_import import program_json
@@ -102,9 +100,7 @@ class ModelGuidedSampler:
         self.strategy = strategy
         self.program = program_json(func)
         self.base = base_schedule(func)
-        self.cores = num_cores(target)
-        self.vector_bytes = vector_bytes(target)
-        self.fma_per_cycle = fma_per_cycle(target)
+        self.machine = machine_of(target)
         self.history = history
         self.postprocessor = postprocessor or Postprocessor(func, target)
         self.population = population
@@ -116,6 +112,9 @@ class ModelGuidedSampler:
         self.genomes: dict[str, str] = state.load_genomes() if state else {}
         self.saved_model = state.load_model() if state else None
         self.timing = {"model": 0.0, "search": 0.0}
+        # Where the search time goes (seconds): the Rust search, the late re-ranking's features
+        # and scores, and TVM's replay of the batch (benches/search_round.py reports them).
+        self.search_parts = {"propose": 0.0, "rerank": 0.0, "replay": 0.0}
         self.warm = warm
         self.rounds = 0
         self.name = name
@@ -140,11 +139,9 @@ class ModelGuidedSampler:
         # computed on their own programs, labelled within their own task.
         others = []
         if self.warm is not None:
-            others.append(self.warm.sketch_training(self.cores, self.vector_bytes, self.fma_per_cycle))
+            others.append(self.warm.sketch_training(self.machine))
         if self.siblings is not None:
-            others.append(
-                self.siblings.training(self.name, self.cores, self.vector_bytes, self.fma_per_cycle)
-            )
+            others.append(self.siblings.training(self.name, self.machine))
         other = [o for o in others if o is not None]
         if not other and (len(known) < MIN_RECORDS or not seeds):
             if self.saved_model is not None:  # a model saved by an earlier run starts us warm
@@ -153,10 +150,11 @@ class ModelGuidedSampler:
             return None, 0.0, seeds
         rows = _core.sketch_feature_rows(
             self.program,
-            self.cores,
-            self.vector_bytes,
+            self.machine.cores,
+            self.machine.vector_bytes,
             [self.genomes[k] for k, _ in known],
-            self.fma_per_cycle,
+            self.machine.fma_per_cycle,
+            self.machine.parallel_speedup,
         )
         labels = CostModel.labels(np.array([lat for _, lat in known]))
         weights = np.ones(len(known))
@@ -200,7 +198,7 @@ class ModelGuidedSampler:
             pending = [(k, g) for k, g in self.warm.seeds if k not in known]
             if self.rounds == 0:
                 first = self._warm_seeds(pending, n)
-            if self.warm.sketch_training(self.cores, self.vector_bytes, self.fma_per_cycle) is None:
+            if self.warm.sketch_training(self.machine) is None:
                 # No genomes to train the search's own model on: the per-store model re-ranks.
                 valid = sum(1 for lat in measured.values() if np.isfinite(lat))
                 warm_weight = max(0.0, 1.0 - valid / FULL_WEIGHT_RECORDS)
@@ -217,8 +215,8 @@ class ModelGuidedSampler:
         t0 = time.perf_counter()
         proposals = _core.propose(
             self.program,
-            self.cores,
-            self.vector_bytes,
+            self.machine.cores,
+            self.machine.vector_bytes,
             self.strategy,
             pool,
             seed,
@@ -228,9 +226,11 @@ class ModelGuidedSampler:
             generations,
             model_json,
             weight,
-            self.fma_per_cycle,
+            self.machine.fma_per_cycle,
+            self.machine.parallel_speedup,
         )
         self.timing["search"] += time.perf_counter() - t0
+        self.search_parts["propose"] += time.perf_counter() - t0
         reordered = None
         if warm_weight > 0 and self.warm is not None and proposals:
             t0 = time.perf_counter()
@@ -247,9 +247,11 @@ class ModelGuidedSampler:
             self.state.add_genomes([(key, genome) for key, genome, _, _ in proposals])
         out = first
         self.genomes.update((key, genome) for key, genome, _, _ in proposals)
+        t0 = time.perf_counter()
         schedules = replay_all(
             self.base, [key for key, _, _, _ in proposals], self.postprocessor, self.replay_threads
         )
+        self.search_parts["replay"] += time.perf_counter() - t0
         for (key, _, _, _), sch in zip(proposals, schedules, strict=True):
             if sch is not None:
                 out.append(Candidate(key, sch))
@@ -307,6 +309,7 @@ class ModelGuidedSampler:
         t0 = time.perf_counter()
         predicted = self.store_ranker.predict([key for key, _, _, _ in proposals])
         self.timing["search"] += time.perf_counter() - t0
+        self.search_parts["rerank"] += time.perf_counter() - t0
         return blend_ranks(proposals, predicted, RERANK_WEIGHT)
 
 
@@ -363,7 +366,7 @@ class _Sibling:
         self.history = history
         self.genomes = genomes
         self.anchor = anchor_extents(program)
-        self.rows: dict[tuple[int, int, float, str], np.ndarray] = {}  # sketch feature rows, by key
+        self.rows: dict[tuple[Machine, str], np.ndarray] = {}  # sketch feature rows, by machine and key
         self.moved: dict[tuple[str, str], tuple[str, str] | None] = {}  # (to task, key) -> refit
 
 
@@ -384,9 +387,7 @@ class SiblingRecords:
         """Add a task; ``genomes`` is the sampler's own dict, which grows as it proposes."""
         self.tasks[name] = _Sibling(program, history, genomes)
 
-    def training(
-        self, name: str, cores: int, vector_bytes: int, fma_per_cycle: float = 2.0
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def training(self, name: str, machine: Machine) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(rows, labels, weights) of the siblings of task ``name``; None when none has a
         measured record near enough."""
         mine = self.tasks[name]
@@ -401,15 +402,19 @@ class SiblingRecords:
             known = [(k, lat) for k, lat in other.history() if k in other.genomes]
             if not any(math.isfinite(lat) for _, lat in known):
                 continue
-            machine = (cores, vector_bytes, fma_per_cycle)
-            todo = [k for k, _ in known if (*machine, k) not in other.rows]
+            todo = [k for k, _ in known if (machine, k) not in other.rows]
             if todo:
                 new = _core.sketch_feature_rows(
-                    other.program, cores, vector_bytes, [other.genomes[k] for k in todo], fma_per_cycle
+                    other.program,
+                    machine.cores,
+                    machine.vector_bytes,
+                    [other.genomes[k] for k in todo],
+                    machine.fma_per_cycle,
+                    machine.parallel_speedup,
                 )
                 for k, row in zip(todo, np.asarray(new).reshape(len(todo), -1), strict=True):
-                    other.rows[(*machine, k)] = row
-            rows.append(np.stack([other.rows[(*machine, k)] for k, _ in known]))
+                    other.rows[(machine, k)] = row
+            rows.append(np.stack([other.rows[(machine, k)] for k, _ in known]))
             labels.append(CostModel.labels(np.array([lat for _, lat in known])))
             weights.append(np.full(len(known), w))
         if not rows:

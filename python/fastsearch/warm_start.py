@@ -48,6 +48,7 @@ from fastsearch.database import (
     mean_run_secs,
 )
 from fastsearch.errors import DatabaseError, FastsearchError
+from fastsearch.machine import Machine
 
 __all__ = ["TaskWarmStart", "WarmStart"]
 
@@ -201,16 +202,14 @@ class TaskWarmStart:
         self.seeds = seeds
         self.same_workload = same
         self.ranker = StoreRanker(program)  # the store-feature model and this task's features
-        self._sketch: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
+        self._sketch: dict[Machine, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}
 
-    def sketch_training(
-        self, cores: int, vector_bytes: int, fma_per_cycle: float = 2.0
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def sketch_training(self, machine: Machine) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(sketch feature rows, relative-throughput labels, row weights) of the source records
         whose genome is known, each row computed on its own workload's program; a source weighs
         ``exp(-SOURCE_DISTANCE_DECAY * shape distance)``, so near shapes dominate. None without
         any such record."""
-        key = (cores, vector_bytes, fma_per_cycle)
+        key = machine
         if key not in self._sketch:
             rows, labels, weights = [], [], []
             for src in self.warm.sources:
@@ -218,7 +217,12 @@ class TaskWarmStart:
                 if src.program is None or not known or not any(math.isfinite(s) for _, s in known):
                     continue
                 x = _core.sketch_feature_rows(
-                    src.program, cores, vector_bytes, [src.genomes[k] for k, _ in known], fma_per_cycle
+                    src.program,
+                    machine.cores,
+                    machine.vector_bytes,
+                    [src.genomes[k] for k, _ in known],
+                    machine.fma_per_cycle,
+                    machine.parallel_speedup,
                 )
                 rows.append(np.asarray(x).reshape(len(known), -1))
                 labels.append(CostModel.labels(np.array([s for _, s in known])))

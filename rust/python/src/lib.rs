@@ -184,10 +184,16 @@ fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
 }
 
 /// The model's view of a CPU target from the binding's arguments.
-fn cpu(num_cores: i64, vector_bytes: i64, fma_per_cycle: f64) -> CpuTarget {
+fn cpu(
+    num_cores: i64,
+    vector_bytes: i64,
+    fma_per_cycle: f64,
+    parallel_speedup: Option<f64>,
+) -> CpuTarget {
     CpuTarget::new(num_cores)
         .with_vector_bytes(vector_bytes)
         .with_fma_per_cycle(fma_per_cycle)
+        .with_parallel_speedup(parallel_speedup)
 }
 
 fn genome_json(g: &Genome) -> String {
@@ -196,7 +202,7 @@ fn genome_json(g: &Genome) -> String {
 
 /// Like `sample_sketches`, with each candidate's genome (JSON) next to its key.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new(), fma_per_cycle=2.0))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, n, seed, exclude=Vec::new(), fma_per_cycle=2.0, parallel_speedup=None))]
 #[allow(clippy::too_many_arguments)]
 fn sample_genomes(
     py: Python<'_>,
@@ -207,10 +213,11 @@ fn sample_genomes(
     seed: u64,
     exclude: Vec<String>,
     fma_per_cycle: f64,
+    parallel_speedup: Option<f64>,
 ) -> PyResult<Vec<(String, String)>> {
     guarded(py, "sample_genomes", move || {
         let program = Program::from_json(&program_json)?;
-        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle, parallel_speedup);
         let exclude: HashSet<String> = exclude.into_iter().collect();
         Ok(sketch::sample_genomes(&program, &target, n, seed, &exclude)
             .into_iter()
@@ -280,7 +287,7 @@ fn transfer_sibling_genomes(
 
 /// The analytical model's scores (higher is better) of candidates given as genome JSON.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0, parallel_speedup=None))]
 fn analytical_scores(
     py: Python<'_>,
     program_json: String,
@@ -288,10 +295,11 @@ fn analytical_scores(
     vector_bytes: i64,
     genomes: Vec<String>,
     fma_per_cycle: f64,
+    parallel_speedup: Option<f64>,
 ) -> PyResult<Vec<f64>> {
     guarded(py, "analytical_scores", move || {
         let program = Program::from_json(&program_json)?;
-        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle, parallel_speedup);
         let space = SketchSpace::new(&program);
         let genomes = parse_genomes(&genomes)?;
         Ok(analytical::score(&program, &space, &genomes, &target))
@@ -304,7 +312,7 @@ fn analytical_scores(
 /// Returns `(key, genome JSON, score, role)` tuples, best predicted first, where role says why
 /// each is there: "exploit", "shape", "structure" or "random" (`search::Role`).
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0, fma_per_cycle=2.0))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, strategy, n, seed, measured, seeds, population=None, generations=None, model_json=None, model_weight=0.0, fma_per_cycle=2.0, parallel_speedup=None))]
 #[allow(clippy::too_many_arguments)]
 fn propose(
     py: Python<'_>,
@@ -321,10 +329,11 @@ fn propose(
     model_json: Option<String>,
     model_weight: f64,
     fma_per_cycle: f64,
+    parallel_speedup: Option<f64>,
 ) -> PyResult<Vec<(String, String, f64, &'static str)>> {
     guarded(py, "propose", move || {
         let program = Program::from_json(&program_json)?;
-        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle, parallel_speedup);
         let space = SketchSpace::new(&program);
         let seeds = parse_genomes(&seeds)?;
         let ctx = SearchContext {
@@ -378,7 +387,7 @@ fn propose(
 
 /// The sketch-level features of candidates (genome JSON), one row each: `(n, SKETCH_FEATURES)`.
 #[pyfunction]
-#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0))]
+#[pyo3(signature = (program_json, num_cores, vector_bytes, genomes, fma_per_cycle=2.0, parallel_speedup=None))]
 fn sketch_feature_rows<'py>(
     py: Python<'py>,
     program_json: String,
@@ -386,10 +395,11 @@ fn sketch_feature_rows<'py>(
     vector_bytes: i64,
     genomes: Vec<String>,
     fma_per_cycle: f64,
+    parallel_speedup: Option<f64>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let (rows, n) = guarded(py, "sketch_feature_rows", move || {
         let program = Program::from_json(&program_json)?;
-        let target = cpu(num_cores, vector_bytes, fma_per_cycle);
+        let target = cpu(num_cores, vector_bytes, fma_per_cycle, parallel_speedup);
         let space = SketchSpace::new(&program);
         let genomes = parse_genomes(&genomes)?;
         let rows: Vec<f32> = genomes

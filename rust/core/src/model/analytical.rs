@@ -684,7 +684,8 @@ pub fn estimate_block(
     // weighting it by MEMORY_WEIGHT ranks measured CPU kernels best (see BENCHMARKS.md).
     let memory = MEMORY_WEIGHT * e.memory_cycles;
     let (hi, lo) = (e.compute_cycles.max(memory), e.compute_cycles.min(memory));
-    e.cycles = (hi + 0.1 * lo) / (e.parallel_efficiency.max(1e-3) * cores) * unroll_bonus;
+    e.cycles =
+        (hi + 0.1 * lo) / target.speedup(e.parallel_efficiency.max(1e-3) * cores) * unroll_bonus;
     e
 }
 

@@ -42,15 +42,42 @@ pub struct CpuTarget {
     /// Vector FMAs of that width a core issues per cycle: 2 on most x86 cores, 1 where
     /// 512-bit vectors run on 256-bit units (AMD Zen 4).
     pub fma_per_cycle: f64,
+    /// How much faster a kernel runs with every core busy than on one core: `num_cores` where
+    /// cores scale linearly, less where the runtime runs fewer threads than there are cores
+    /// (TVM's default is half the logical CPUs: one thread on a 2-vCPU virtual machine).
+    pub parallel_speedup: f64,
 }
 
 impl CpuTarget {
     pub fn new(num_cores: i64) -> Self {
+        let num_cores = num_cores.max(1);
         CpuTarget {
-            num_cores: num_cores.max(1),
+            num_cores,
             vector_bytes: 32,
             fma_per_cycle: 2.0,
+            parallel_speedup: num_cores as f64,
         }
+    }
+
+    /// Sets [`CpuTarget::parallel_speedup`], kept within 1 and the core count (`None` or a
+    /// value that is not finite: linear scaling).
+    pub fn with_parallel_speedup(mut self, speedup: Option<f64>) -> Self {
+        let cores = self.num_cores as f64;
+        self.parallel_speedup = match speedup {
+            Some(s) if s.is_finite() => s.clamp(1.0, cores),
+            _ => cores,
+        };
+        self
+    }
+
+    /// Speedup of a kernel that keeps `busy` cores busy on average (1 to `num_cores`) over one
+    /// core: linear in `busy`, from 1 on one core to [`CpuTarget::parallel_speedup`] on all.
+    pub fn speedup(&self, busy: f64) -> f64 {
+        let cores = self.num_cores as f64;
+        if self.parallel_speedup >= cores || self.num_cores == 1 {
+            return busy;
+        }
+        1.0 + (self.parallel_speedup - 1.0) * (busy - 1.0).max(0.0) / (cores - 1.0)
     }
 
     pub fn with_vector_bytes(mut self, bytes: i64) -> Self {

@@ -1,0 +1,72 @@
+"""What the analytical cost model assumes of the machine a target runs on, and how many of its
+cores a kernel measured here actually runs on.
+
+The model divides a kernel's work among the cores it keeps busy. The target's ``num-cores`` sets
+how many parallel jobs a schedule creates, but TVM's runtime runs them on its own thread pool:
+``TVM_NUM_THREADS`` when set, else half the logical CPUs (it assumes two hardware threads per
+core). On a virtual machine with 2 vCPUs, one core each, that is one thread: every kernel runs
+serially, and a schedule that splits its work into parallel jobs gains nothing over one that
+spends the same loops on locality (MetaSchedule's fastest kernels for C1D and C2D 7x7 there have
+no parallel loop). So for this machine's own CPU the model's speedup on all cores is the runtime's
+thread count when that is smaller than ``num-cores``. ``FASTSEARCH_PARALLEL_SPEEDUP`` sets it
+instead: a number, or ``linear`` for the core count (say, for a remote device whose runtime is
+configured otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import tvm
+
+from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
+from fastsearch.target import host_cpu
+
+#: Overrides the runtime's thread count as the speedup on all cores: a number, or ``linear``.
+SPEEDUP_ENV = "FASTSEARCH_PARALLEL_SPEEDUP"
+
+__all__ = ["SPEEDUP_ENV", "Machine", "machine_of", "parallel_speedup", "runtime_threads"]
+
+
+class Machine(NamedTuple):
+    """The target's CPU as the Rust cost model sees it."""
+
+    cores: int
+    vector_bytes: int
+    fma_per_cycle: float
+    #: Speedup of a kernel on all ``cores`` over one core; None: linear (``cores``).
+    parallel_speedup: float | None
+
+
+def machine_of(target: tvm.target.Target) -> Machine:
+    """The :class:`Machine` of an LLVM ``target``."""
+    return Machine(num_cores(target), vector_bytes(target), fma_per_cycle(target), parallel_speedup(target))
+
+
+def runtime_threads() -> int:
+    """Threads TVM's runtime runs a parallel kernel on in this process (and in the measuring
+    processes it starts, which inherit the environment)."""
+    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+
+
+def parallel_speedup(target: tvm.target.Target) -> float | None:
+    """The speedup the model expects of a kernel on all of the target's ``num-cores`` over one
+    core: None (linear) unless ``target`` is this machine's CPU and TVM's runtime runs fewer
+    threads than that, then the thread count (or what ``FASTSEARCH_PARALLEL_SPEEDUP`` says)."""
+    override = os.environ.get(SPEEDUP_ENV, "").strip()
+    if override:
+        if override.lower() == "linear":
+            return None
+        try:
+            return max(1.0, float(override))
+        except ValueError:
+            raise ValueError(f"{SPEEDUP_ENV}={override!r}: expected a number or 'linear'") from None
+    cores = num_cores(target)
+    if str(target.kind.name) != "llvm" or cores < 2:
+        return None
+    attrs = target.attrs or {}
+    if str(attrs.get("mcpu", "")) != host_cpu() or "mtriple" in attrs:
+        return None  # another machine's CPU (an RPC device): its runtime is not this one
+    threads = runtime_threads()
+    return float(threads) if threads < cores else None
