@@ -164,6 +164,32 @@ def test_softmax_rfactors_under_the_normalisation_loop():
     np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_transposes_are_inlined_computed_at_the_root_or_under_the_matmul():
+    """TBG's two transposes read out of their loops' order, so MetaSchedule's AutoInline leaves
+    them to a sampled compute location; the sketches place them the same three ways, and each
+    placement builds and computes the transposed batch matmul."""
+    func = small("TBG")
+    program = program_json(func)
+    names = [b["name"] for b in json.loads(program)["blocks"]]
+    transposes = [str(names.index(n)) for n in ("query_T", "value_T")]
+    by_rule: dict[str, str] = {}
+    for trace, genome in _core.sample_genomes(program, 2, 32, 300, 0):
+        rules = json.loads(genome)["rules"]
+        for b in transposes:
+            kind = rules[b] if isinstance(rules[b], str) else next(iter(rules[b]))
+            by_rule.setdefault(kind, trace)
+    assert set(by_rule) == {"Inline", "Root", "ComputeAt"}
+    rng = np.random.default_rng(0)
+    args = _random_args(func, rng)
+    expected = _run(tvm.IRModule({"main": func}), [a.copy() for a in args])
+    post = Postprocessor(func, TARGET)
+    for kind, trace in by_rule.items():
+        sch = replay(func, trace, post)
+        assert sch is not None, kind
+        got = _run(sch.mod, [a.copy() for a in args])
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=kind)
+
+
 def _padding_root_over_inline(workload: str) -> float:
     """Median over sampled candidates with inlined padding of the analytical estimate with the
     padding moved to a pass of its own at the root, over the estimate as drawn."""

@@ -463,6 +463,7 @@ pub fn estimate_block(
                 .filter(|r| {
                     space.optional_inline.iter().any(|p| {
                         genome.rules.get(p) == Some(&Rule::Inline)
+                            && space.info(*p).conditional
                             && space.info(*p).writes.contains(&r.buffer)
                     })
                 })

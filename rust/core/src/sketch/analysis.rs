@@ -20,6 +20,10 @@ pub struct BlockInfo {
     /// select into the consumer's inner loops, so sketches may also compute it under the
     /// consumer's tiles, as MetaSchedule's CPU AutoInline leaves it to RandomComputeLocation.
     pub conditional: bool,
+    /// Some read walks the block's iteration variables out of their order (a transpose):
+    /// MetaSchedule's CPU AutoInline requires ordered reads and leaves such a block, too, to
+    /// RandomComputeLocation.
+    pub unordered: bool,
     pub output: bool,
     /// A reduction with data reuse: some read ignores some spatial iteration variable.
     pub reuse: bool,
@@ -145,6 +149,22 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     _ => {}
                 });
             }
+            let position = |name: &str| block.iter_vars.iter().position(|v| v.name == name);
+            let unordered = block.reads.iter().any(|r| {
+                let mut order: Vec<usize> = Vec::new();
+                for (min, _) in &r.region {
+                    min.visit(&mut |e| {
+                        if let Expr::Var(n) = e {
+                            if let Some(i) = position(n) {
+                                if !order.contains(&i) {
+                                    order.push(i);
+                                }
+                            }
+                        }
+                    });
+                }
+                order.windows(2).any(|w| w[0] > w[1])
+            });
             BlockInfo {
                 block: b,
                 simple_loops,
@@ -155,6 +175,7 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     && block.body.len() == 1
                     && !expensive,
                 conditional,
+                unordered,
                 output,
                 reuse,
                 spatial_extent: extent_of(IterKind::Spatial),

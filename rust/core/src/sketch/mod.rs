@@ -177,7 +177,9 @@ pub struct SketchSpace {
     pub infos: Vec<BlockInfo>,
     /// Blocks every candidate inlines.
     pub inlined: HashSet<usize>,
-    /// Conditional blocks (padding) a candidate either inlines or computes under its consumer.
+    /// Blocks a candidate inlines, computes at the root or computes under its consumer: the
+    /// conditional ones (padding) and the transposes, which MetaSchedule's CPU AutoInline also
+    /// leaves to a sampled compute location.
     pub optional_inline: HashSet<usize>,
 }
 
@@ -193,7 +195,7 @@ impl SketchSpace {
                     c.block != info.block && c.reads.iter().any(|r| info.writes.contains(r))
                 })
             {
-                if info.conditional {
+                if info.conditional || info.unordered {
                     optional_inline.insert(info.block);
                 } else {
                     inlined.insert(info.block);
