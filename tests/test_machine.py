@@ -44,6 +44,18 @@ def test_speedup_is_the_runtime_thread_count_below_the_core_count():
     assert _probe(TVM_NUM_THREADS="1", **{SPEEDUP_ENV: "2.5"}) == ["1", "2.5"]
 
 
+def test_asking_leaves_this_process_free_to_run_on_every_cpu():
+    """TVM's thread pool pins the thread that starts it to one CPU, and processes started later
+    (the builders) inherit that: the thread count is asked of a child process instead."""
+    code = (
+        "import os; from fastsearch.machine import machine_of; from fastsearch.target import resolve_target; "
+        "before = os.sched_getaffinity(0); machine_of(resolve_target(None)); "
+        "print(before == os.sched_getaffinity(0))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "True"
+
+
 def test_other_machines_and_single_cores_are_linear(monkeypatch):
     monkeypatch.delenv(SPEEDUP_ENV, raising=False)
     remote = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "num-cores": 4})

@@ -15,7 +15,11 @@ configured otherwise).
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
+import sys
+import warnings
 from typing import NamedTuple
 
 import tvm
@@ -44,10 +48,27 @@ def machine_of(target: tvm.target.Target) -> Machine:
     return Machine(num_cores(target), vector_bytes(target), fma_per_cycle(target), parallel_speedup(target))
 
 
-def runtime_threads() -> int:
-    """Threads TVM's runtime runs a parallel kernel on in this process (and in the measuring
-    processes it starts, which inherit the environment)."""
-    return max(1, int(tvm.get_global_func("runtime.NumThreads")()))
+@functools.cache
+def runtime_threads() -> int | None:
+    """Threads TVM's runtime runs a parallel kernel on in the processes that measure kernels
+    (they inherit this process's environment), asked of a child process once per process.
+
+    Not asked here: starting TVM's thread pool pins the calling thread to one CPU, and every
+    builder process started after it would inherit that (builds took twice as long)."""
+    code = "import tvm; print(tvm.get_global_func('runtime.NumThreads')())"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        )
+        return max(1, int(out.stdout.split()[-1]))
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        warnings.warn(
+            f"cannot ask TVM's runtime for its thread count ({exc}); the cost model assumes every "
+            f"core runs (set {SPEEDUP_ENV} to say otherwise)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
 
 
 def parallel_speedup(target: tvm.target.Target) -> float | None:
@@ -69,4 +90,4 @@ def parallel_speedup(target: tvm.target.Target) -> float | None:
     if str(attrs.get("mcpu", "")) != host_cpu() or "mtriple" in attrs:
         return None  # another machine's CPU (an RPC device): its runtime is not this one
     threads = runtime_threads()
-    return float(threads) if threads < cores else None
+    return float(threads) if threads is not None and threads < cores else None
