@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from fastsearch.cli import load_workload
 from fastsearch.database import candidate_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _compile, _records_in_order, fastsearch_dir
+from suite import _compile, _mean_us, _records_in_order, fastsearch_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         _compile(rec, target)
         secs = time.perf_counter() - start
         took.append(secs)
-        run_secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else []
-        us = statistics.fmean(run_secs) * 1e6 if run_secs and max(run_secs) < 1e9 else math.inf
-        print(f"{i}\t{secs:.2f}\t{us:.1f}\t{genomes.get(candidate_key(rec.trace), '-')}", flush=True)
+        print(
+            f"{i}\t{secs:.2f}\t{_mean_us(rec):.1f}\t{genomes.get(candidate_key(rec.trace), '-')}", flush=True
+        )
     if took:
         print(f"# {len(took)} candidates: {sum(took):.1f} s, median {statistics.median(took):.2f} s")
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 from fastsearch.database import mean_run_secs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import fastsearch_dir
+from suite import fastsearch_dir, metaschedule_dir
 
 #: fastsearch proposes and measures in batches of this size in the suite (tune's default).
 BATCH = 16
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path.name}: {work} is gone and was not kept, skipped", file=sys.stderr)
             continue
         fs = fastsearch_late(fs_dir, args.trials, args.start, args.tries)
-        ms_db = out / "metaschedule" / path.stem / "database_tuning_record.json"
-        if not ms_db.exists():
-            ms_db = work / "metaschedule" / "database_tuning_record.json"
+        ms_db = metaschedule_dir(run, out, path.stem) / "database_tuning_record.json"
         msl = metaschedule_late(ms_db, args.trials, args.start)
         for k in ("late", "rare", "new", "unmatched"):
             total[k] += fs[k]

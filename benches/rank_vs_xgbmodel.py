@@ -47,7 +47,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _mean_us, _records_in_order, fastsearch_dir
+from suite import _mean_us, _records_in_order, fastsearch_dir, metaschedule_dir
 
 # the ranking variant trains with the regression model's parameters and rounds
 XGB_PARAMS = {k: v for k, v in STORE_XGB_PARAMS.items() if k != "objective"}
@@ -68,14 +68,10 @@ def load_tasks(suite_dir: Path) -> dict[str, dict[str, Any]]:
         wl = run["workload"]
         func = load_workload(wl).func
         task = tasks.setdefault(wl, {"func": func, "records": []})
-        # Each tuner's database: in the run's work directory while it exists, else the copies
-        # the suite kept in --out-dir (fastsearch's gzipped, MetaSchedule's as they were).
-        fs = fastsearch_dir(run, suite_dir, path.stem)
-        for d in (fs, suite_dir / "metaschedule" / path.stem, Path(run["work_dir"]) / "metaschedule"):
+        # Each tuner's database, from the run's work directory or the copy the suite kept.
+        for d in (fastsearch_dir(run, suite_dir, path.stem), metaschedule_dir(run, suite_dir, path.stem)):
             if d is not None and (d / "database_tuning_record.json").exists():
                 task["records"].extend(_records_in_order(d, func))
-                if d != fs:
-                    break
     for task in tasks.values():
         task["latency_us"] = np.array([_mean_us(r) for r in task["records"]])
     return tasks

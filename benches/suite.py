@@ -129,6 +129,15 @@ def fastsearch_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path | None
     return unpacked
 
 
+def metaschedule_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path:
+    """A run's MetaSchedule database folder: the copy the suite kept in
+    ``out_dir/metaschedule/<stem>`` when there is one, else the run's ``work_dir``."""
+    kept = out_dir / "metaschedule" / stem
+    if (kept / "database_tuning_record.json").exists():
+        return kept
+    return Path(run["work_dir"]) / "metaschedule"
+
+
 def _mean_us(rec: ms.database.TuningRecord) -> float:
     secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else []
     return statistics.fmean(secs) * 1e6 if secs and max(secs) < 1e9 else math.inf
@@ -299,8 +308,7 @@ def retime_runs(out_dir: Path, repeat: int, processes: int) -> None:
         if all(c.get("retime_processes") == processes for c in run["checkpoints"].values()):
             continue
         work = Path(run["work_dir"])
-        kept = out_dir / "metaschedule" / path.stem
-        ms_dir = kept if kept.exists() else work / "metaschedule"
+        ms_dir = metaschedule_dir(run, out_dir, path.stem)
         fs_dir = fastsearch_dir(run, out_dir, path.stem)
         if fs_dir is None:
             print(
