@@ -265,7 +265,17 @@ def test_round_robin_splits_trials_evenly(tmp_path) -> None:
 
 
 def test_cli_tunes_a_built_in_model(tmp_path) -> None:
-    out = run_cli("tune", "--model", "mlp-tiny", "--trials", "3", "--work-dir", str(tmp_path / "w"))
+    out = run_cli(
+        "tune",
+        "--model",
+        "mlp-tiny",
+        "--trials",
+        "3",
+        "--work-dir",
+        str(tmp_path / "w"),
+        "--e2e-processes",
+        "1",
+    )
     assert out.returncode == 0, out.stderr
     assert "3/3 trials" in out.stderr
     lines = out.stdout.splitlines()
@@ -274,8 +284,11 @@ def test_cli_tunes_a_built_in_model(tmp_path) -> None:
     rows = [line.split() for line in lines[header + 1 : header + 3]]
     assert [r[1] for r in rows] == ["3", "1"]  # hidden layers (x3), classifier
     assert sum(int(r[2]) for r in rows) == 3 and min(int(r[2]) for r in rows) >= 1
-    assert lines[-1].startswith("total (weighted)")
-    assert sum(float(r[-1].rstrip("%")) for r in rows) == pytest.approx(100, abs=0.2)
+    assert lines[header + 3].startswith("total (weighted)")
+    assert sum(float(r[-2].rstrip("%")) for r in rows) == pytest.approx(100, abs=0.2)
+    # The whole model, before and after tuning, timed in fresh processes; outputs agree.
+    assert any(line.startswith("end to end   untuned ") and "x faster" in line for line in lines)
+    assert any(line.startswith("outputs      tuned matches untuned") for line in lines)
 
 
 def test_missing_onnx_is_a_clear_error(monkeypatch, tmp_path) -> None:

@@ -10,6 +10,7 @@ built-in one (``--model resnet-tiny``, :mod:`fastsearch.models`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -207,6 +208,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         runner=runner,
         task_scheduler=args.task_scheduler,
         warm_start=args.warm_start or None,
+        pipeline=args.pipeline,
         **({"fusion": "search", "fusion_share": args.fusion_share} if args.fusion == "search" else {}),
     )
     if result.warm_start is not None:
@@ -221,6 +223,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(task_table(result))
     if result.fusion is not None:
         print(fusion_table(result.fusion))
+    if result.is_relax and not args.no_end_to_end:
+        from fastsearch.model_timing import describe_end_to_end, end_to_end
+
+        print("timing the model end to end in fresh processes ...", file=sys.stderr)
+        timing = end_to_end(
+            result, mod, onnx_file=args.model_file, processes=args.e2e_processes, profile=args.profile
+        )
+        print("\n".join(describe_end_to_end(timing)))
+        if timing.profile is not None:
+            print(timing.profile.table())
     if args.history:
         print(f"history      {result.write_history(args.history)}")
     return 0
@@ -231,15 +243,17 @@ def task_table(result: Any) -> str:
     weighted total (skipped tasks with their reason)."""
     total = sum(t.weight * t.best_latency_us for t in result.tasks.values() if t.best_latency_us)
     width = max([len("task")] + [len(n) for n in result.tasks])
-    lines = [f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best':>11}  {'share':>6}"]
+    lines = [f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best':>11}  {'share':>6}  {'GFLOP/s':>8}"]
     for task_name, t in result.tasks.items():
         if t.skipped:
             lines.append(f"{task_name:<{width}}  {t.weight:>6}  {'-':>6}  skipped: {t.skipped}")
             continue
         trials = t.trials_stored + t.trials_measured
         share = f"{100 * t.weight * t.best_latency_us / total:5.1f}%" if total and t.best_latency_us else "-"
+        gflops = getattr(t, "gflops", None)
+        rate = f"{gflops:8.1f}" if gflops else f"{'-':>8}"
         lines.append(
-            f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}"
+            f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}  {rate}"
         )
     lines.append(f"{'total (weighted)':<{width}}  {'':>6}  {'':>6}  {format_latency(total or None):>11}")
     return "\n".join(lines)
@@ -373,6 +387,24 @@ def _parser() -> argparse.ArgumentParser:
         default=0.25,
         help="with --fusion search, the share of trials for the changes (default 0.25)",
     )
+    p.add_argument(
+        "--pipeline",
+        choices=("inference", "none"),
+        default="inference",
+        help="a model's graph pipeline before partitioning: inference (default: batch norm folded, "
+        "constants folded, scale and shift moved into weights) or none",
+    )
+    p.add_argument(
+        "--no-end-to-end",
+        action="store_true",
+        help="skip timing a model before and after tuning (and onnxruntime) in fresh processes",
+    )
+    p.add_argument("--e2e-processes", type=int, default=3, help="fresh processes for the end-to-end timing")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time every VM call of the tuned model (kernels and VM builtins)",
+    )
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -382,6 +414,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastsearch`` command."""
     args = _parser().parse_args(argv)
+    # Kernels run on every core, in tuning and in the timings the command reports (TVM's runtime
+    # would use half the logical CPUs: one thread on a 2-vCPU machine). The user's setting wins.
+    from fastsearch.target import physical_cores
+
+    threads_before = os.environ.get("TVM_NUM_THREADS")
+    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
     try:
         if args.command == "workloads":
             return _cmd_workloads(args)
@@ -396,6 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastsearch: interrupted; the database keeps every finished batch", file=sys.stderr)
         return 130
+    finally:
+        if threads_before is None:  # main() called in-process (tests) leaves the environment as it was
+            os.environ.pop("TVM_NUM_THREADS", None)
 
 
 if __name__ == "__main__":

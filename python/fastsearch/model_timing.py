@@ -1,14 +1,45 @@
-"""End-to-end timing of compiled Relax models, interleaved so that drift hits all alike."""
+"""End-to-end timing of compiled Relax models, interleaved so that drift hits all alike.
+
+:func:`time_interleaved` times executables in this process. A process that has just tuned
+reads a model up to 3x slower than a fresh one (its memory and thread pool are in another
+state), so what is reported to users is timed by :func:`time_in_fresh_processes`: each of
+several fresh processes loads the exported models (and, optionally, an ONNX file run by
+onnxruntime on the same threads) and times them in interleaved rounds. :func:`profile_model`
+times every call the VM makes: each kernel, and the VM's own builtins.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax
 
-__all__ = ["paired_ratios", "time_interleaved"]
+from fastsearch.errors import MeasurementError
+
+__all__ = [
+    "FreshTiming",
+    "ProfileRow",
+    "VMProfile",
+    "describe_end_to_end",
+    "end_to_end",
+    "paired_ratios",
+    "profile_model",
+    "time_in_fresh_processes",
+    "time_interleaved",
+]
 
 
 def time_interleaved(
@@ -44,3 +75,346 @@ def _as_numpy(value: Any) -> np.ndarray:
     while not hasattr(value, "numpy"):
         value = value[0]
     return value.numpy()
+
+
+# Fresh processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class FreshTiming:
+    """Seconds per inference of each timed model, every round of every process
+    (``times[name]``), and each model's output on the inputs (from the first process)."""
+
+    times: dict[str, list[float]]
+    outputs: dict[str, np.ndarray]
+    threads: int
+    processes: int
+    profile: VMProfile | None = None  # the profiled model's calls, from the first process
+
+    def median_us(self, name: str) -> float:
+        return statistics.median(self.times[name]) * 1e6
+
+    def ratio(self, name: str, base: str) -> float:
+        """Median of the per-round ratios ``name / base`` (rounds share the machine's state)."""
+        return statistics.median(paired_ratios(self.times[name], self.times[base]))
+
+
+def time_in_fresh_processes(
+    libraries: dict[str, str | os.PathLike[str]],
+    inputs: Sequence[np.ndarray],
+    threads: int,
+    onnx_file: str | os.PathLike[str] | None = None,
+    processes: int = 3,
+    rounds: int = 5,
+    min_repeat_ms: int = 200,
+    timeout_s: float = 600.0,
+    profile: str | None = None,
+) -> FreshTiming:
+    """Time exported Relax VM libraries (``name -> path`` of ``exe.export_library``) and, when
+    given and installed, ``onnx_file`` under onnxruntime (as ``"onnxruntime"``), in
+    ``processes`` fresh processes of ``rounds`` interleaved rounds each, every one on
+    ``threads`` threads (``TVM_NUM_THREADS``; onnxruntime's intra-op threads). ``profile``
+    names a library whose every VM call the first process also times (:func:`profile_model`)."""
+    names = list(libraries)
+    with tempfile.TemporaryDirectory(prefix="fastsearch_timing_") as tmp:
+        np.savez(Path(tmp) / "inputs.npz", *inputs)
+        spec = {
+            "libraries": {n: str(p) for n, p in libraries.items()},
+            "onnx": str(onnx_file) if onnx_file is not None and _has_onnxruntime() else None,
+            "inputs": str(Path(tmp) / "inputs.npz"),
+            "threads": threads,
+            "rounds": rounds,
+            "min_repeat_ms": min_repeat_ms,
+            "profile": profile,
+        }
+        if spec["onnx"]:
+            names.append("onnxruntime")
+        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+        times: dict[str, list[float]] = {n: [] for n in names}
+        outputs: dict[str, np.ndarray] = {}
+        found: VMProfile | None = None
+        for p in range(processes):
+            spec["first"] = p  # which model each process's first round starts with
+            spec["profile"] = profile if p == 0 else None
+            spec_path = Path(tmp) / "spec.json"
+            out_path = Path(tmp) / f"out{p}.npz"
+            spec["out"] = str(out_path)
+            spec_path.write_text(json.dumps(spec))
+            proc = subprocess.run(
+                [sys.executable, "-m", "fastsearch.model_timing", str(spec_path)],
+                env=env,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            )
+            if proc.returncode != 0:
+                raise MeasurementError(
+                    f"timing the models in a fresh process failed: {proc.stderr.strip()[-2000:]}"
+                )
+            with np.load(out_path) as data:
+                for n in names:
+                    times[n].extend(float(x) for x in data[f"times/{n}"])
+                    if p == 0:
+                        outputs[n] = data[f"output/{n}"]
+                if "profile" in data.files:
+                    rows = json.loads(str(data["profile"]))
+                    found = VMProfile(rows=[ProfileRow(**r) for r in rows["rows"]], total_us=rows["total_us"])
+    return FreshTiming(times=times, outputs=outputs, threads=threads, processes=processes, profile=found)
+
+
+def _has_onnxruntime() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _ort_runner(path: str, feeds: dict[str, np.ndarray], threads: int) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)[0]
+
+
+def _child(spec_path: str) -> None:
+    """One fresh process: load every model, check outputs, time interleaved rounds."""
+    spec = json.loads(Path(spec_path).read_text())
+    with np.load(spec["inputs"]) as data:
+        inputs = [data[f"arr_{i}"] for i in range(len(data.files))]
+    dev = tvm.cpu(0)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    runners: dict[str, Any] = {}
+    for name, path in spec["libraries"].items():
+        vm = relax.VirtualMachine(tvm.runtime.load_module(path), dev)
+        runners[name] = lambda vm=vm: _as_numpy(vm["main"](*args))
+    if spec["onnx"]:
+        import onnx
+
+        model = onnx.load(spec["onnx"], load_external_data=False)
+        feeds = {v.name: a for v, a in zip(model.graph.input, inputs)}
+        runners["onnxruntime"] = _ort_runner(spec["onnx"], feeds, int(spec["threads"]))
+    names = list(runners)
+    out: dict[str, np.ndarray] = {}
+    for n in names:
+        out[f"output/{n}"] = np.asarray(runners[n]())
+    times: dict[str, list[float]] = {n: [] for n in names}
+    budget = spec["min_repeat_ms"] / 1e3
+    for n in names:  # warm-up
+        runners[n]()
+    for r in range(int(spec["rounds"])):
+        for k in range(len(names)):
+            name = names[(r + k + int(spec["first"])) % len(names)]
+            run = runners[name]
+            count, t0 = 0, time.perf_counter()
+            while True:
+                run()
+                count += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= budget:
+                    break
+            times[name].append(elapsed / count)
+    for n in names:
+        out[f"times/{n}"] = np.asarray(times[n])
+    if spec.get("profile"):
+        exe = tvm.runtime.load_module(spec["libraries"][spec["profile"]])
+        prof = profile_model(exe, inputs)
+        out["profile"] = np.asarray(
+            json.dumps({"rows": [r.__dict__ for r in prof.rows], "total_us": prof.total_us})
+        )
+    np.savez(spec["out"], **out)
+
+
+def end_to_end(
+    result: Any,
+    source: tvm.IRModule,
+    onnx_file: str | os.PathLike[str] | None = None,
+    processes: int = 3,
+    rounds: int = 5,
+    profile: bool = False,
+) -> FreshTiming:
+    """A tuned model's latency before and after tuning, in fresh processes.
+
+    ``result`` is a :class:`fastsearch.tune.TuneResult` of a Relax model and ``source`` the
+    model as it was given to ``tune`` (before the inference pipeline). ``"untuned"`` is
+    ``source`` as ``tvm.compile`` builds it with TVM's default schedules, ``"tuned"`` is
+    ``result.compile()``; with ``onnx_file`` (and onnxruntime installed) ``"onnxruntime"`` runs
+    the same model. Both libraries are written to the run's work directory. Every model runs on
+    the target's ``num-cores`` threads, on the same random inputs (:func:`fastsearch.models.model_inputs`);
+    ``profile`` also times every VM call of the tuned model (``FreshTiming.profile``)."""
+    from fastsearch.models import model_inputs
+
+    threads = int(result.target.attrs.get("num-cores", 1) or 1)
+    inputs = model_inputs(source, seed=1)
+    work = Path(result.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    libraries = {"untuned": work / "model_untuned.so", "tuned": work / "model_tuned.so"}
+    tvm.compile(source, target=result.target).export_library(str(libraries["untuned"]))
+    result.compile().export_library(str(libraries["tuned"]))
+    return time_in_fresh_processes(
+        {n: str(p) for n, p in libraries.items()},
+        inputs,
+        threads,
+        onnx_file=onnx_file,
+        processes=processes,
+        rounds=rounds,
+        profile="tuned" if profile else None,
+    )
+
+
+def describe_end_to_end(timing: FreshTiming) -> list[str]:
+    """The CLI's lines for :func:`end_to_end`: latencies, ratios, and whether outputs agree."""
+    before, after = timing.median_us("untuned"), timing.median_us("tuned")
+    line = (
+        f"end to end   untuned {before:.1f} us, tuned {after:.1f} us "
+        f"({timing.ratio('untuned', 'tuned'):.2f}x faster)"
+    )
+    if "onnxruntime" in timing.times:
+        line += (
+            f", onnxruntime {timing.median_us('onnxruntime'):.1f} us "
+            f"(tuned / onnxruntime {timing.ratio('tuned', 'onnxruntime'):.2f})"
+        )
+    line += (
+        f"; {timing.threads} threads, medians of {timing.processes} fresh processes x "
+        f"{len(timing.times['tuned']) // timing.processes} interleaved rounds"
+    )
+    tuned = timing.outputs["tuned"]
+    checks = []
+    for other in ("untuned", "onnxruntime"):
+        if other in timing.outputs:
+            ref = timing.outputs[other]
+            diff = (
+                float(np.abs(tuned.astype("float64") - ref).max()) if tuned.shape == ref.shape else math.inf
+            )
+            ok = tuned.shape == ref.shape and np.allclose(
+                tuned, ref, rtol=1e-3, atol=1e-4 * (float(np.abs(ref).max()) or 1.0)
+            )
+            checks.append(f"{'matches' if ok else 'DIFFERS FROM'} {other} (max diff {diff:.1e})")
+    return [line, "outputs      tuned " + ", ".join(checks)]
+
+
+# Profiling ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ProfileRow:
+    """One function the VM calls: how many calls per inference, microseconds per inference
+    (timed around each call), and whether it is a kernel or one of the VM's builtins."""
+
+    name: str
+    calls: float
+    us: float
+    kind: str  # "kernel" or "vm"
+
+
+@dataclass
+class VMProfile:
+    """Where a model's inference time goes: every called function (slowest first),
+    ``total_us`` (one uninstrumented inference, median) and ``vm_us``, the VM's own time: the
+    total less the kernels' time (its builtins, allocations and instruction dispatch)."""
+
+    rows: list[ProfileRow] = field(default_factory=list)
+    total_us: float = 0.0
+
+    @property
+    def kernel_us(self) -> float:
+        return sum(r.us for r in self.rows if r.kind == "kernel")
+
+    @property
+    def vm_us(self) -> float:
+        return max(0.0, self.total_us - self.kernel_us)
+
+    def table(self) -> str:
+        width = max([len("function")] + [len(r.name) for r in self.rows])
+        lines = [f"{'function':<{width}}  {'kind':<6}  {'calls':>5}  {'us':>9}  {'share':>6}"]
+        for r in self.rows:
+            # A builtin's figure is mostly the instrumentation's callback: no share of the total.
+            share = (
+                f"{100 * r.us / self.total_us:5.1f}%" if self.total_us and r.kind == "kernel" else "     -"
+            )
+            lines.append(f"{r.name:<{width}}  {r.kind:<6}  {r.calls:>5.0f}  {r.us:>9.1f}  {share:>6}")
+        lines.append(
+            "(vm rows: timed through the instrumentation callback, which dominates them)\n"
+            f"{'total (uninstrumented)':<{width}}  {'':<6}  {'':>5}  {self.total_us:>9.1f}\n"
+            f"{'kernels':<{width}}  {'':<6}  {'':>5}  {self.kernel_us:>9.1f}\n"
+            f"{'VM own time (total - kernels)':<{width}}  {'':<6}  {'':>5}  {self.vm_us:>9.1f}"
+        )
+        return "\n".join(lines)
+
+
+def profile_model(exe: Any, inputs: Sequence[np.ndarray], runs: int = 20) -> VMProfile:
+    """Time every call of ``main`` of a Relax VM executable on ``inputs`` over ``runs``
+    inferences (VM instrumentation), and one inference without instrumentation.
+
+    A kernel's time is that of the kernel called alone in a tight loop on the arguments the
+    model gives it (calls timed inside the instrumented model carry the callback and the thread
+    pool waking up after it); a VM builtin's is timed around each call, through the
+    instrumentation's callback (about a microsecond of which is the callback's). The VM's own
+    time is the uninstrumented total less the kernels."""
+    dev = tvm.cpu(0)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    plain = relax.VirtualMachine(exe, dev)
+    total = _loop_us(plain["main"], tuple(args), min_s=0.1)  # timed as the kernels are below
+    vm = relax.VirtualMachine(exe, dev)
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    started: list[float] = []
+
+    def instrument(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
+        now = time.perf_counter()
+        if before:
+            started.append(now)
+        else:
+            spent[name] = spent.get(name, 0.0) + now - started.pop()
+            calls[name] = calls.get(name, 0) + 1
+        return 0
+
+    kernels: dict[str, tuple[Any, tuple]] = {}
+
+    def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
+        if before and not name.startswith("vm.") and name not in kernels:
+            kernels[name] = (func, rest)
+        return 0
+
+    vm.set_instrument(capture)
+    vm["main"](*args)  # the kernels and the arguments each is called with
+    vm.set_instrument(instrument)
+    vm["main"](*args)  # warm-up
+    spent.clear()
+    calls.clear()
+    for _ in range(runs):
+        vm["main"](*args)
+    rows = []
+    for n, secs in spent.items():
+        us = secs / runs * 1e6
+        if n in kernels:  # a kernel alone, in a tight loop: no callback between it and the last
+            func, fargs = kernels[n]
+            us = _loop_us(func, fargs) * calls[n] / runs
+        rows.append(ProfileRow(name=n, calls=calls[n] / runs, us=us, kind="kernel" if n in kernels else "vm"))
+    rows.sort(key=lambda r: -r.us)
+    return VMProfile(rows=rows, total_us=total)
+
+
+def _loop_us(func: Any, args: tuple, min_s: float = 0.02, repeats: int = 3) -> float:
+    """Microseconds per call of ``func(*args)``: the best of ``repeats`` loops of ``min_s``."""
+    func(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        count, t0 = 0, time.perf_counter()
+        while True:
+            func(*args)
+            count += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_s:
+                break
+        best = min(best, elapsed / count)
+    return best * 1e6
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])

@@ -34,6 +34,7 @@ from tvm_ffi import structural_hash
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.fusion_search import FusionReport, check_fusion_argument, tune_searching_fusion
+from fastsearch.inference import optimize_for_inference
 from fastsearch.measure import (
     FAILURE_KINDS,
     CandidateFault,
@@ -48,7 +49,7 @@ from fastsearch.measure import (
 from fastsearch.progress import ProgressBar
 from fastsearch.relax_tasks import apply_database, extract_tasks, is_relax_module
 from fastsearch.sample import Postprocessor, fresh_copy
-from fastsearch.scheduler import SCHEDULERS, TaskState, make_scheduler
+from fastsearch.scheduler import SCHEDULERS, TaskState, floor_rounds, make_scheduler
 from fastsearch.target import TargetLike, device_type, resolve_target
 from fastsearch.warm_start import WarmStart, WarmStartLike
 
@@ -108,6 +109,14 @@ class TaskResult:
     skipped: str | None = None  # why a Relax model's fused function is not tuned
     functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
     final: FinalRound | None = None  # the best and its runners-up timed side by side at the end
+    flops: float | None = None  # floating-point operations per call, when TVM can count them
+
+    @property
+    def gflops(self) -> float | None:
+        """Throughput of the best candidate, GFLOP/s (``None`` when unknown)."""
+        if not self.flops or not self.best_latency_us:
+            return None
+        return self.flops / (self.best_latency_us * 1e-6) / 1e9
 
 
 @dataclass
@@ -236,6 +245,9 @@ class _Task:
     inputs: list[np.ndarray] | None = None
 
 
+#: Graph pipelines a Relax model can go through before partitioning (``tune(pipeline=...)``).
+PIPELINES = ("inference", "none")
+
 #: Built-in strategies: random sampling of fastsearch's sketches, and model-guided search
 #: (evolutionary or simulated annealing in Rust, cost model retrained on every batch).
 STRATEGIES = ("random", "evolutionary", "annealing")
@@ -344,6 +356,17 @@ def default_name(mod: tvm.tirx.PrimFunc | IRModule) -> str:
     return base
 
 
+def task_flops(func: tvm.tirx.PrimFunc) -> float | None:
+    """Floating-point operations of one call of ``func``, when TVM can count them."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        flops = float(estimate_tir_flops(IRModule({"main": func})))
+    except Exception:  # noqa: BLE001  (FLOPs only inform the schedule and the report)
+        return None
+    return flops if flops > 0 else None
+
+
 def _needs_tensor_intrin(trace: Trace) -> bool:
     return any(str(inst.kind.name) in ("Tensorize", "Blockize") for inst in trace.insts)
 
@@ -423,6 +446,7 @@ def tune(
     fusion_share: float = 0.25,
     fusion_min_gain: float = 0.01,
     fusion_rounds: int = 20,
+    pipeline: str = "inference",
     _groups: list[list[int]] | None = None,
     _rerank: bool = True,
 ) -> TuneResult:
@@ -462,6 +486,13 @@ def tune(
     end to end in ``fusion_rounds`` interleaved rounds, is at least ``fusion_min_gain`` faster
     with it (:mod:`fastsearch.fusion_search`; ``TuneResult.fusion`` reports every change).
 
+    ``pipeline`` is what a Relax model goes through before it is partitioned: ``"inference"``
+    (the default: batch norm decomposed and folded into the preceding convolution's weights,
+    constants folded, every per-channel scale and shift after a conv or matmul moved into its
+    weight and one bias; :mod:`fastsearch.inference`) or ``"none"`` (the model as given).
+    ``result.mod`` and ``result.compile()`` are the optimized model; its ``main`` takes the
+    same inputs.
+
     Arguments whose names start with an underscore are for fastsearch's own benchmarks and
     experiments (``_rerank=False``: no re-ranking of proposals by per-store features) and may
     change.
@@ -474,6 +505,11 @@ def tune(
     if trials < 0:
         raise ValueError(f"trials must be >= 0, got {trials}")
     check_fusion_argument(fusion, mod)
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
+    if pipeline == "inference" and is_relax_module(mod):
+        assert isinstance(mod, IRModule)
+        mod = optimize_for_inference(mod)
     if fusion == "search":
         assert isinstance(mod, IRModule)
         return tune_searching_fusion(
@@ -496,6 +532,7 @@ def tune(
                 "name": name,
                 "runner": runner,
                 "task_scheduler": task_scheduler,
+                "pipeline": "none",  # already applied above
                 "warm_start": warm_start
                 if isinstance(warm_start, WarmStart) or warm_start is None
                 else WarmStart(warm_start),
@@ -542,7 +579,9 @@ def tune(
         workload = db.commit_workload(tmod)
         attrs = tmod["main"].attrs
         entry = str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else "main"
-        result = TaskResult(name=fname, mod=tmod, trials=budget, weight=weights[fname])
+        result = TaskResult(
+            name=fname, mod=tmod, trials=budget, weight=weights[fname], flops=task_flops(tmod["main"])
+        )
         task = _Task(
             name=fname,
             mod=tmod,
@@ -582,6 +621,10 @@ def tune(
     ]
     for i in range(len(tasks)):
         states[i].active = todo[i] > 0
+    if not round_robin and len(tasks) > 1:
+        floors = floor_rounds([t.result.flops and t.weight * t.result.flops for t in tasks], trials, bsizes)
+        for state, floor in zip(states, floors):
+            state.floor = floor
     scheduler = make_scheduler(task_scheduler, states)
     n_failed = 0
 

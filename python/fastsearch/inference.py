@@ -1,0 +1,283 @@
+"""The inference pipeline a Relax model goes through before it is partitioned and tuned.
+
+A model imported from ONNX (or written with batch norm layers) carries training-time structure
+that costs time at inference: ``batch_norm`` is one operator (a separate kernel after
+legalization), its statistics are combined per element (``sqrt(var + eps)`` in the kernel),
+and ONNX's ``Clip`` bounds go through NaN checks. :func:`optimize_for_inference` rewrites it
+into the graph that should be tuned:
+
+``decompose``
+    ``DecomposeOpsForInference``: batch norm (and other training-aware operators) into their
+    inference arithmetic.
+``canonicalize``
+    ``CanonicalizeBindings``: no trivial rebindings, so every producer sees its real consumers.
+``fold-constants``
+    ``FoldConstant``: what depends only on weights (the statistics, Clip's bounds, transposed
+    weights) is computed once, here.
+``fold-scale-shift``
+    :func:`fold_scale_shift`: per-channel multiplies, divides, adds and subtracts by constants
+    after a convolution or matmul whose weight is constant (batch norm, a bias) go into its
+    weight and one bias add. Exact in real arithmetic; in float32 the outputs move by rounding.
+``legalize``
+    ``LegalizeOps`` and ``AnnotateTIROpPattern``, then ``FoldConstant`` again for anything
+    that only became foldable as TIR; Clip stays a ``maximum``/``minimum`` pair, an elementwise
+    epilogue the partitioner fuses into the producer.
+``dead-code``
+    ``DeadCodeElimination``: what the folds left unused.
+
+TVM's ``static_shape_tuning_pipeline`` runs the same first three steps and legalization but
+keeps batch norm as four per-channel operations in every fused kernel's epilogue; onnxruntime
+folds batch norm into the convolution, as ``fold-scale-shift`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from fastsearch.errors import MalformedInput
+
+__all__ = ["STEPS", "InferenceReport", "fold_scale_shift", "optimize_for_inference"]
+
+#: The pipeline's steps, in the order they run.
+STEPS = ("decompose", "canonicalize", "fold-constants", "fold-scale-shift", "legalize", "dead-code")
+
+_AFFINE_OPS = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
+
+
+@dataclass
+class InferenceReport:
+    """What :func:`optimize_for_inference` did: the steps run and how many per-channel
+    operations ``fold-scale-shift`` moved into weights."""
+
+    steps: list[str] = field(default_factory=list)
+    folded_ops: int = 0
+    folded_anchors: int = 0
+
+
+def optimize_for_inference(
+    mod: tvm.IRModule, steps: Sequence[str] = STEPS, report: InferenceReport | None = None
+) -> tvm.IRModule:
+    """``mod`` (a Relax model) rewritten for inference by ``steps`` (a subset of
+    :data:`STEPS`, run in the order of :data:`STEPS`); outputs are unchanged up to float
+    rounding. ``report``, when given, is filled in."""
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise MalformedInput(f"unknown inference pipeline step(s) {unknown}; steps: {', '.join(STEPS)}")
+    report = report if report is not None else InferenceReport()
+    chosen = set(steps)
+    for step in STEPS:
+        if step not in chosen:
+            continue
+        if step == "decompose":
+            mod = relax.transform.DecomposeOpsForInference()(mod)
+        elif step == "canonicalize":
+            mod = relax.transform.CanonicalizeBindings()(mod)
+        elif step == "fold-constants":
+            mod = relax.transform.FoldConstant()(mod)
+        elif step == "fold-scale-shift":
+            mod, ops, anchors = _fold_module(mod)
+            report.folded_ops += ops
+            report.folded_anchors += anchors
+        elif step == "legalize":
+            mod = relax.transform.LegalizeOps()(mod)
+            mod = relax.transform.AnnotateTIROpPattern()(mod)
+            mod = relax.transform.FoldConstant()(mod)
+        elif step == "dead-code":
+            mod = relax.transform.DeadCodeElimination()(mod)
+        report.steps.append(step)
+    return mod
+
+
+def fold_scale_shift(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each chain ``conv2d(x, W)`` or ``matmul(x, W)`` (``W`` constant) followed
+    by per-output-channel ``multiply``/``divide``/``add``/``subtract`` by constants rewritten as
+    one ``conv2d``/``matmul`` with a scaled weight plus one bias ``add``. A link of the chain
+    whose value is also read elsewhere ends it, so no work is duplicated."""
+    return _fold_module(mod)[0]
+
+
+def _fold_module(mod: tvm.IRModule) -> tuple[tvm.IRModule, int, int]:
+    ops = anchors = 0
+    updates = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            new_func, n_ops, n_anchors = _fold_function(func)
+            if n_ops:
+                updates[gvar] = new_func
+                ops += n_ops
+                anchors += n_anchors
+    if not updates:
+        return mod, 0, 0
+    mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gvar, func in updates.items():
+        mod[gvar] = func
+    return relax.transform.Normalize()(mod), ops, anchors
+
+
+@dataclass
+class _Chain:
+    """A foldable anchor and the per-channel scale and shift folded into it so far."""
+
+    anchor: relax.Call
+    weight: np.ndarray
+    bias: np.ndarray | None
+    channels: int
+    kind: str  # "conv2d" or "matmul"
+    links: int = 0
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return expr.value.numpy()
+    return None
+
+
+def _anchor(call: relax.Call) -> _Chain | None:
+    """A conv2d (NCHW, OIHW) or 2-D-weight matmul with a constant float32 weight."""
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return None
+    name = call.op.name
+    weight = _constant(call.args[1]) if len(call.args) > 1 else None
+    if weight is None or weight.dtype != np.float32:
+        return None
+    if name == "relax.nn.conv2d":
+        a = call.attrs
+        if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
+            return None
+        if a.out_dtype is not None and str(a.out_dtype) not in ("", "float32", "void"):
+            return None
+        return _Chain(call, weight, None, weight.shape[0], "conv2d")
+    if name == "relax.matmul" and weight.ndim == 2:
+        return _Chain(call, weight, None, weight.shape[1], "matmul")
+    return None
+
+
+def _per_channel(const: np.ndarray, chain: _Chain, out_rank: int) -> np.ndarray | None:
+    """``const`` as a vector of one value per output channel, when it broadcasts against the
+    anchor's output along the channel axis only; else ``None``."""
+    if const.dtype != np.float32 or const.ndim > out_rank:
+        return None
+    shape = (1,) * (out_rank - const.ndim) + tuple(const.shape)
+    axis = 1 if chain.kind == "conv2d" else out_rank - 1
+    if any(d != 1 for i, d in enumerate(shape) if i != axis) or shape[axis] not in (1, chain.channels):
+        return None
+    return np.broadcast_to(
+        const.reshape(-1) if const.size > 1 else const.reshape(()), (chain.channels,)
+    ).astype("float32")
+
+
+def _use_counts(func: relax.Function) -> dict[relax.Var, int]:
+    counts: dict[relax.Var, int] = {}
+
+    def visit(node: object) -> None:
+        if isinstance(node, relax.Var):
+            counts[node] = counts.get(node, 0) + 1
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            relax.analysis.post_order_visit(binding.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return counts
+
+
+def _extend(chain: _Chain, call: relax.Call, operand: relax.Var, out_rank: int) -> _Chain | None:
+    """``chain`` with ``call`` (an affine op of ``operand``, the chain's value) folded in."""
+    name = call.op.name
+    lhs, rhs = call.args
+    if rhs.same_as(operand) and name in ("relax.add", "relax.multiply"):
+        lhs, rhs = rhs, lhs  # commutative: the constant may come first
+    if not lhs.same_as(operand):
+        return None
+    const = _constant(rhs)
+    if const is None:
+        return None
+    vec = _per_channel(const, chain, out_rank)
+    if vec is None:
+        return None
+    if name in ("relax.multiply", "relax.divide"):
+        scale = vec if name == "relax.multiply" else (1.0 / vec).astype("float32")
+        if not np.all(np.isfinite(scale)):
+            return None
+        shape = (-1, 1, 1, 1) if chain.kind == "conv2d" else (1, -1)
+        weight = (chain.weight * scale.reshape(shape)).astype("float32")
+        bias = None if chain.bias is None else (chain.bias * scale).astype("float32")
+    else:
+        weight = chain.weight
+        shift = vec if name == "relax.add" else -vec
+        bias = shift if chain.bias is None else (chain.bias + shift).astype("float32")
+    return _Chain(chain.anchor, weight, bias, chain.channels, chain.kind, chain.links + 1)
+
+
+def _fold_function(func: relax.Function) -> tuple[relax.Function, int, int]:
+    uses = _use_counts(func)
+    chains: dict[relax.Var, _Chain] = {}
+    absorbed: set[relax.Var] = set()  # bindings whose value a later link carries
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        for binding in block.bindings:
+            if not isinstance(binding, relax.VarBinding):
+                continue
+            value = binding.value
+            out_rank = len(binding.var.ty.shape) if getattr(binding.var.ty, "shape", None) is not None else -1
+            anchor = _anchor(value)
+            if anchor is not None and out_rank > 0:
+                chains[binding.var] = anchor
+                continue
+            if not (
+                isinstance(value, relax.Call)
+                and isinstance(value.op, tvm.ir.Op)
+                and value.op.name in _AFFINE_OPS
+                and out_rank > 0
+            ):
+                continue
+            for operand in value.args:
+                chain = chains.get(operand) if isinstance(operand, relax.Var) else None
+                if chain is None or uses.get(operand, 0) != 1 or operand in absorbed:
+                    continue
+                if tuple(binding.var.ty.shape) != tuple(operand.ty.shape):
+                    continue  # the op broadcasts the anchor's output: not a per-channel epilogue
+                extended = _extend(chain, value, operand, out_rank)
+                if extended is not None:
+                    chains[binding.var] = extended
+                    absorbed.add(operand)
+                    break
+    finals = {v: c for v, c in chains.items() if c.links > 0 and v not in absorbed}
+    if not finals:
+        return func, 0, 0
+
+    blocks = []
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        bindings = []
+        for binding in block.bindings:
+            if binding.var in absorbed:
+                continue
+            chain = finals.get(binding.var)
+            if chain is None:
+                bindings.append(binding)
+                continue
+            anchor = chain.anchor
+            call = relax.Call(
+                anchor.op, [anchor.args[0], relax.const(chain.weight)], anchor.attrs, anchor.ty_args
+            )
+            if chain.bias is None:
+                bindings.append(relax.VarBinding(binding.var, call))
+                continue
+            anchor_var = relax.DataflowVar(f"{binding.var.name}_anchor", binding.var.ty)
+            bindings.append(relax.VarBinding(anchor_var, call))
+            shape = (1, -1, 1, 1) if chain.kind == "conv2d" else (-1,)
+            bias = relax.op.add(anchor_var, relax.const(chain.bias.reshape(shape)))
+            bindings.append(relax.VarBinding(binding.var, bias))
+        blocks.append(relax.DataflowBlock(bindings))
+    new = relax.Function(
+        func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure, func.attrs
+    )
+    return new, sum(c.links for c in finals.values()), len(finals)
