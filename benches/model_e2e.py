@@ -1,19 +1,33 @@
-"""A whole model end to end: ``fastsearch.tune`` vs MetaSchedule's ``tune_relax``, same trials.
+"""A whole model end to end: fastsearch against TVM's recommended tuning path and onnxruntime.
 
-Both tuners get the same Relax model (built in code, random weights), target (host CPU with
-``mcpu`` and ``num-cores``), total number of measured trials and seed. fastsearch fuses the
-model with its own partitioner; MetaSchedule gets the model fused by TVM's pipeline
-(LegalizeOps, AnnotateTIROpPattern, FuseOps, FuseTIR), which yields the same groups. Each
-tuned model is compiled from its tuner's database, checked against the untuned model's output
-on random inputs, and re-timed here in interleaved rounds with one ``time_evaluator`` setting.
+Both tuners get the same model, target (this CPU, ``mcpu`` and ``num-cores``), total number of
+trials and seed, with kernels on every core (``TVM_NUM_THREADS`` is set to the core count before
+anything runs, for tuning and timing alike):
 
-    python benches/model_e2e.py --model resnet-18 --trials 500 --out-dir benches/results/resnet18
+- **fastsearch**: ``fastsearch.tune(mod, target, trials=N)`` with its defaults (the inference
+  pipeline, its partitioner, the gradient scheduler with floors), then ``result.compile()``;
+- **MetaSchedule**: ``relax.pipeline.static_shape_tuning_pipeline(N, target)`` (TVM's
+  recommended path for static shapes: DecomposeOpsForInference, CanonicalizeBindings, the
+  zero pipeline's legalization, constant folding and FuseOps, ``MetaScheduleTuneIRMod``),
+  then ``tvm.compile``;
+- **onnxruntime** (``--zoo`` models, when installed), all graph optimizations, same threads;
+- TVM's untuned build of the imported model.
+
+Every compiled model is exported and timed by :func:`fastsearch.model_timing.time_in_fresh_processes`:
+``--processes`` fresh processes of ``--rounds`` interleaved rounds, never the process that
+tuned. Outputs are checked against ONNX's reference evaluator (``--zoo``) or the untuned model.
+
+    python benches/model_e2e.py --zoo mobilenet-v2-small --trials 300 --out-dir /tmp/e2e_mnv2s
+
+Writes ``result.json`` and ``e2e.md`` into ``--out-dir`` (raw databases stay there: keep them
+out of git).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -22,211 +36,196 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tvm
-from fastsearch.measure import build_module
-from fastsearch.model_timing import paired_ratios, time_interleaved
-from fastsearch.models import load_model, model_inputs
-from fastsearch.partition import prepare
-from fastsearch.target import resolve_target
-from fastsearch.tune import tune
-from run_meta import run_metadata
-from tvm import relax
-from tvm.s_tir import meta_schedule as ms
 
 
-def fuse_like_tvm(mod: tvm.IRModule) -> tvm.IRModule:
-    """The model as ``tune_relax`` expects it: legalized, fused by FuseOps, FuseTIR applied."""
-    return relax.transform.FuseTIR()(relax.transform.FuseOps()(prepare(mod)))
+def _set_threads() -> int:
+    from fastsearch.target import physical_cores
+
+    cores = physical_cores()
+    os.environ.setdefault("TVM_NUM_THREADS", str(cores))  # before TVM's thread pool starts
+    return int(os.environ["TVM_NUM_THREADS"])
 
 
-def run_fastsearch(mod: tvm.IRModule, target: tvm.target.Target, trials: int, seed: int, work: Path) -> dict:
+def _records(work: Path) -> int:
+    path = work / "database_tuning_record.json"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+
+def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
+    from fastsearch.tune import tune
+
     t0 = time.perf_counter()
     result = tune(mod, target, trials=trials, seed=seed, work_dir=work)
     wall = time.perf_counter() - t0
     tasks = [
         {
-            "task": name,
+            "task": n,
             "weight": t.weight,
             "trials": t.trials,
             "best_us": t.best_latency_us,
             "skipped": t.skipped,
         }
-        for name, t in result.tasks.items()
+        for n, t in result.tasks.items()
     ]
-    return {"wall_s": wall, "tasks": tasks, "exe": result.compile(), "estimate_us": result.best_latency_us}
+    return {"wall_s": wall, "tasks": tasks, "exe": result.compile(), "records": _records(work)}
 
 
-def run_metaschedule(
-    mod: tvm.IRModule, target: tvm.target.Target, trials: int, seed: int, work: Path, per_iter: int
-) -> dict:
-    fused = fuse_like_tvm(mod)
+def run_metaschedule(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
+    import tvm
+    from tvm import relax
+
+    del seed  # static_shape_tuning_pipeline takes no seed: MetaSchedule seeds itself
     t0 = time.perf_counter()
-    db = ms.relax_integration.tune_relax(
-        mod=fused,
-        params={},
-        target=target,
-        work_dir=str(work),
-        max_trials_global=trials,
-        num_trials_per_iter=per_iter,
-        builder=ms.builder.LocalBuilder(f_build=build_module),
-        seed=seed,
-    )
+    tuned = relax.pipeline.static_shape_tuning_pipeline(
+        total_trials=trials, target=target, work_dir=str(work)
+    )(mod)
     wall = time.perf_counter() - t0
-    tasks = []
-    estimate = 0.0
-    for task in ms.relax_integration.extract_tasks(fused, target):
-        records = db.get_top_k(db.commit_workload(task.dispatched[0]), 10**6)
-        best = min((statistics.fmean(float(s) for s in r.run_secs) for r in records), default=None)
-        tasks.append(
-            {
-                "task": task.task_name,
-                "weight": int(task.weight),
-                "trials": len(records),
-                "best_us": best * 1e6 if best is not None else None,
-            }
-        )
-        estimate += int(task.weight) * (best or 0.0) * 1e6
-    # compile_relax runs TVM's whole pipeline (legalize, fuse, apply the database) itself: it
-    # takes the model before fusion.
-    exe = ms.relax_integration.compile_relax(db, mod, target, None)
-    return {"wall_s": wall, "tasks": tasks, "exe": exe, "estimate_us": estimate}
-
-
-def recompile(mod: tvm.IRModule, target: tvm.target.Target, work: Path, earlier: dict) -> dict:
-    """A tuner's model compiled again from its database (``--compile-only``): TVM's pipeline
-    with MetaScheduleApplyDatabase, which reads fastsearch's database as it reads its own."""
-    db = ms.database.JSONDatabase(work_dir=str(work))
-    exe = ms.relax_integration.compile_relax(db, mod, target, None)
-    keep = {k: earlier[k] for k in ("wall_s", "tasks", "estimate_us") if k in earlier}
-    return {**keep, "exe": exe}
+    return {"wall_s": wall, "exe": tvm.compile(tuned, target=target), "records": _records(work)}
 
 
 def report(res: dict) -> str:
-    fs, ms_ = res["fastsearch"], res["metaschedule"]
-    paired = paired_ratios(fs["times_s"], ms_["times_s"])  # rounds share the machine's state
-    reused = res.get("metaschedule_reused_from")
+    rows = res["models"]
+    base = "onnxruntime" if "onnxruntime" in rows else "untuned"
     lines = [
         (
-            f"Model `{res['model']}`, {res['trials']} trials each, seed {res['seed']}; target "
-            f"`{res['target']}`; host {res['host']}; {res['date']}."
-            + (f" MetaSchedule's database and tuning figures are those of `{reused}`." if reused else "")
+            f"`{res['model']}`, {res['trials']} trials each, seed {res['seed']}, {res['threads']} threads; "
+            f"target `{res['target']}`; {res['host']}; {res['date']}. Medians of {res['processes']} fresh "
+            f"processes x {res['rounds']} interleaved rounds."
         ),
         "",
-        (
-            "| | end-to-end latency (ms, median of re-timings) | vs untuned | tuning wall time (s) | "
-            "sum of weighted task bests during tuning (ms) | output matches untuned |"
-        ),
-        "|---|---:|---:|---:|---:|---|",
+        f"| | latency (us) | vs {base} | vs TVM's pipeline | tuning wall (s) | records | output |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    base = res["untuned"]["median_ms"]
-    for name, r in (
-        ("untuned (TVM's default schedules)", res["untuned"]),
-        ("fastsearch", fs),
-        ("MetaSchedule", ms_),
+    for name, label in (
+        ("onnxruntime", "onnxruntime"),
+        ("metaschedule", "MetaSchedule (`static_shape_tuning_pipeline`)"),
+        ("fastsearch", "**fastsearch `tune`**"),
+        ("untuned", "TVM, untuned"),
     ):
-        est = f"{r['estimate_us'] / 1e3:.2f}" if r.get("estimate_us") else "-"
+        if name not in rows:
+            continue
+        r = rows[name]
         wall = f"{r['wall_s']:.0f}" if r.get("wall_s") else "-"
-        match = {True: "yes", False: "NO", None: "-"}[r.get("matches")]
+        recs = str(r["records"]) if r.get("records") is not None else "-"
         lines.append(
-            f"| {name} | {r['median_ms']:.3f} | {base / r['median_ms']:.2f}x | {wall} | {est} | {match} |"
+            f"| {label} | {r['median_us']:.1f} | {r['vs_' + base]:.2f} | {r['vs_metaschedule']:.2f} | {wall} | "
+            f"{recs} | {'ok' if r['matches'] else 'DIFFERS'} ({r['max_abs_diff']:.1e}) |"
         )
+    fs = rows["fastsearch"]
     lines += [
         "",
-        (
-            f"**End-to-end latency ratio fastsearch / MetaSchedule: {fs['median_ms'] / ms_['median_ms']:.3f}** "
-            f"(ratio of the medians; the median of the {len(paired)} per-round ratios is {statistics.median(paired):.3f}, "
-            f"quartiles {paired[len(paired) // 4]:.3f}-{paired[(3 * len(paired)) // 4]:.3f}); "
-            f"tuning wall-time ratio {fs['wall_s'] / ms_['wall_s']:.2f}."
-        ),
+        f"fastsearch / TVM's pipeline: **{fs['vs_metaschedule']:.3f}** (median of per-round ratios)"
+        + (f"; fastsearch / onnxruntime: **{fs['vs_onnxruntime']:.3f}**" if "onnxruntime" in rows else "")
+        + ".",
         "",
-        "| task | weight | fastsearch trials | fastsearch best (us) | MetaSchedule trials | MetaSchedule best (us) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| fastsearch task | weight | trials | best (us) |",
+        "|---|---:|---:|---:|",
     ]
-    ms_tasks = {t["task"]: t for t in ms_["tasks"]}
     for t in fs["tasks"]:
-        m = ms_tasks.get(t["task"], {})
-        fb = f"{t['best_us']:.1f}" if t.get("best_us") is not None and np.isfinite(t["best_us"]) else "-"
-        mb = f"{m['best_us']:.1f}" if m.get("best_us") is not None else "-"
-        lines.append(
-            f"| {t['task']} | {t['weight']} | {t['trials']} | {fb} | {m.get('trials', '-')} | {mb} |"
-        )
-    unmatched = [t["task"] for t in ms_["tasks"] if t["task"] not in {f["task"] for f in fs["tasks"]}]
-    if unmatched:
-        lines.append("")
-        lines.append(f"MetaSchedule tasks without a fastsearch task of the same name: {', '.join(unmatched)}")
+        best = f"{t['best_us']:.1f}" if t.get("best_us") else (t.get("skipped") or "-")
+        lines.append(f"| {t['task']} | {t['weight']} | {t['trials']} | {best} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="resnet-18")
-    parser.add_argument("--trials", type=int, default=500)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--zoo", help="an ONNX zoo model (fastsearch.onnx_zoo: ZOO or SMALL)")
+    which.add_argument("--model", help="a built-in Relax model (fastsearch.models)")
+    parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default=None, help="default: this CPU, with mcpu and num-cores")
-    parser.add_argument("--repeat", type=int, default=5, help="interleaved re-timing rounds")
-    parser.add_argument(
-        "--ms-trials-per-iter", type=int, default=16, help="MetaSchedule's batch (fastsearch's is at most 16)"
-    )
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument(
-        "--compile-only",
-        action="store_true",
-        help="no tuning: compile both tuners' databases in --out-dir again (TVM's pipeline and "
-        "MetaScheduleApplyDatabase for both) and re-time; tuning figures kept from result.json",
-    )
     parser.add_argument(
         "--reuse-metaschedule",
         default=None,
         metavar="DIR",
-        help="tune fastsearch only; MetaSchedule's database and tuning figures are copied from this "
-        "earlier model_e2e.py --out-dir (same model, trials and seed)",
+        help="copy MetaSchedule's tuned run from this --out-dir",
     )
     args = parser.parse_args(argv)
+    threads = _set_threads()
+
+    import tvm
+    from fastsearch.model_timing import paired_ratios, time_in_fresh_processes
+    from fastsearch.models import load_model, model_inputs
+    from fastsearch.target import resolve_target
+    from run_meta import run_metadata
+
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = resolve_target(args.target)
-    mod = load_model(args.model)
-    inputs = model_inputs(mod, seed=1)
+    onnx_file = None
+    reference = None
+    if args.zoo:
+        import onnx
+        from fastsearch import onnx_zoo
 
-    if args.compile_only:
-        earlier = json.loads((out / "result.json").read_text())
-        fs = recompile(mod, target, out / "fastsearch_work", earlier["fastsearch"])
-        mst = recompile(mod, target, out / "metaschedule_work", earlier["metaschedule"])
+        model = onnx_zoo.build(args.zoo)
+        onnx_file = out / "model.onnx"
+        onnx.save(model, str(onnx_file))
+        mod = onnx_zoo.load(model)
     else:
-        print(f"fastsearch: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-        fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
-        if args.reuse_metaschedule:
-            src = Path(args.reuse_metaschedule)
-            shutil.copytree(src / "metaschedule_work", out / "metaschedule_work", dirs_exist_ok=True)
-            earlier = json.loads((src / "result.json").read_text())
-            mst = recompile(mod, target, out / "metaschedule_work", earlier["metaschedule"])
-        else:
-            print(f"MetaSchedule: {args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-            mst = run_metaschedule(
-                mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_trials_per_iter
-            )
-    untuned = tvm.compile(mod, target=target)
+        mod = load_model(args.model)
+    inputs = model_inputs(mod, seed=1)
+    if args.zoo:
+        feeds = {v.name: a for v, a in zip(model.graph.input, inputs)}
+        reference = onnx_zoo.reference_outputs(model, feeds)[0]
 
-    times, outputs = time_interleaved([untuned, fs["exe"], mst["exe"]], inputs, args.repeat)
-    ref = outputs[0]
+    print(f"fastsearch: {args.zoo or args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
+    fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
+    if args.reuse_metaschedule:
+        src = Path(args.reuse_metaschedule)
+        shutil.copytree(src / "metaschedule_work", out / "metaschedule_work", dirs_exist_ok=True)
+        earlier = json.loads((src / "result.json").read_text())["models"]["metaschedule"]
+        shutil.copy(src / "metaschedule.so", out / "metaschedule.so")
+        mst = {"wall_s": earlier["wall_s"], "records": earlier["records"], "exe": None}
+    else:
+        print(f"MetaSchedule: {args.trials} trials ...", file=sys.stderr, flush=True)
+        mst = run_metaschedule(mod, target, args.trials, args.seed, out / "metaschedule_work")
+    libs = {
+        "untuned": out / "untuned.so",
+        "fastsearch": out / "fastsearch.so",
+        "metaschedule": out / "metaschedule.so",
+    }
+    tvm.compile(mod, target=target).export_library(str(libs["untuned"]))
+    fs["exe"].export_library(str(libs["fastsearch"]))
+    if mst["exe"] is not None:
+        mst["exe"].export_library(str(libs["metaschedule"]))
+
+    timing = time_in_fresh_processes(
+        {n: str(p) for n, p in libs.items()},
+        inputs,
+        threads,
+        onnx_file=onnx_file,
+        processes=args.processes,
+        rounds=args.rounds,
+    )
+    ref = reference if reference is not None else timing.outputs["untuned"]
     scale = float(np.abs(ref).max()) or 1.0
     res: dict[str, Any] = {
-        "model": args.model,
+        "model": args.zoo or args.model,
         "trials": args.trials,
         "seed": args.seed,
+        "threads": threads,
+        "processes": args.processes,
+        "rounds": args.rounds,
         **run_metadata("model_e2e.py", target, argv),
+        "models": {},
     }
-    if args.reuse_metaschedule:
-        res["metaschedule_reused_from"] = str(args.reuse_metaschedule)
-    for name, r, t, o in zip(("untuned", "fastsearch", "metaschedule"), ({}, fs, mst), times, outputs):
-        entry = {k: v for k, v in r.items() if k != "exe"}
-        entry["times_s"] = t
-        entry["median_ms"] = statistics.median(t) * 1e3
-        entry["matches"] = (
-            None if name == "untuned" else bool(np.allclose(o, ref, rtol=1e-3, atol=1e-3 * scale))
-        )
-        entry["max_abs_diff"] = float(np.abs(o - ref).max())
-        res[name] = entry
+    extra = {"fastsearch": fs, "metaschedule": mst}
+    for name, times in timing.times.items():
+        o = timing.outputs[name]
+        entry = {k: v for k, v in extra.get(name, {}).items() if k != "exe"}
+        entry["times_s"] = times
+        entry["median_us"] = statistics.median(times) * 1e6
+        for base in ("onnxruntime", "metaschedule", "untuned"):
+            if base in timing.times:
+                entry[f"vs_{base}"] = statistics.median(paired_ratios(times, timing.times[base]))
+        entry["max_abs_diff"] = float(np.abs(o.astype("float64") - ref).max())
+        entry["matches"] = bool(np.allclose(o, ref, rtol=1e-3, atol=1e-4 * scale))
+        res["models"][name] = entry
     (out / "result.json").write_text(json.dumps(res, indent=1, default=float))
     text = report(res)
     (out / "e2e.md").write_text(text + "\n")
@@ -235,4 +234,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_meta
     sys.exit(main())
