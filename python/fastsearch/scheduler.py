@@ -141,8 +141,8 @@ def floor_rounds(
 ) -> list[int]:
     """Each task's floor of rounds: a task doing at least ``min_share`` of the model's weighted
     FLOPs (``flops[i]``: weight x FLOPs per call, ``None`` when unknown, which counts as
-    meaningful) is owed ``min(cap, trials / (2 x such tasks))`` trials, in its batches; others
-    are owed nothing beyond the warm-up. At most half the budget goes to floors."""
+    meaningful) is owed ``min(cap, trials / (2 x such tasks))`` trials, in whole batches (at
+    least the warm-up's one); others are owed nothing beyond the warm-up."""
     known = [f for f in flops if f is not None]
     total = sum(known)
     meaningful = [f is None or total <= 0 or f >= min_share * total for f in flops]
@@ -150,7 +150,8 @@ def floor_rounds(
     if count == 0:
         return [0] * len(flops)
     owed = min(cap, trials // (2 * count))
-    return [math.ceil(owed / max(1, b)) if m else 0 for m, b in zip(meaningful, batch_sizes, strict=True)]
+    # Whole batches, rounded down so that floors stay within half the budget.
+    return [max(1, owed // max(1, b)) if m else 0 for m, b in zip(meaningful, batch_sizes, strict=True)]
 
 
 def make_scheduler(name: str, tasks: Sequence[TaskState]) -> TaskScheduler:
