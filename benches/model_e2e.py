@@ -75,7 +75,6 @@ def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path) ->
 def run_metaschedule(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
     import tvm
     from tvm import relax
-
     from tvm.s_tir import meta_schedule as ms
 
     del seed  # static_shape_tuning_pipeline takes no seed: MetaSchedule seeds itself
