@@ -143,6 +143,10 @@ class MeasureResult:
     error: str | None = None
     artifact_path: str | None = field(default=None, repr=False)
     failure: str | None = None  # one of FAILURE_KINDS when error is set
+    # The built function's arguments when they differ from the workload's: a schedule that
+    # rewrites a weight's layout (prepacking) is built without the rewrite and takes the weight
+    # in its new layout.
+    args_info: list | None = field(default=None, repr=False)
 
     def fail(self, kind: str, error: str) -> None:
         """Mark the candidate failed with ``kind`` (one of :data:`FAILURE_KINDS`)."""
@@ -252,6 +256,16 @@ def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None 
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.driver.build(mod, target=target)
+
+
+def built_args_info(mod: IRModule) -> list | None:
+    """The arguments of ``mod``'s ``main`` as :func:`build_module` builds it, when a weight
+    layout rewrite (MetaSchedule's RewriteLayout on a ``layout_free_buffers`` argument) changes
+    them; ``None`` when they are the workload's."""
+    attrs = mod["main"].attrs
+    if attrs is None or "layout_free_buffers" not in attrs:
+        return None
+    return list(ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True))
 
 
 def _remove_artifact(path: str | None) -> None:
@@ -376,10 +390,16 @@ class Measurer:
         return results
 
     def side_by_side(
-        self, artifact_paths: Sequence[str], arrays: Sequence[np.ndarray], rounds: int, entry: str = "main"
+        self,
+        artifact_paths: Sequence[str],
+        arrays: Sequence[np.ndarray] | Sequence[Sequence[np.ndarray]],
+        rounds: int,
+        entry: str = "main",
     ) -> list[list[float]]:
         """Seconds per call of each built candidate, timed in ``rounds`` interleaved rounds (every
-        other round in reverse order) on the same ``arrays`` in one worker process of their own.
+        other round in reverse order) on the same ``arrays`` in one worker process of their own
+        (or on ``arrays[i]`` for candidate ``i``, when ``arrays`` holds one list per candidate:
+        candidates that take a prepacked weight each take it in their own layout).
 
         Candidates timed together share the process's memory placement and the machine's state
         of the moment, which move a kernel's time by tens of percent from one measurement to
@@ -421,13 +441,18 @@ class Measurer:
 
         t0 = time.perf_counter()
         info = list(args_info)
+        for i in to_run:
+            results[i].args_info = built_args_info(mods[i])
         # The local runner times one candidate at a time (they would share this CPU); remote
         # devices each take one, so up to run_workers candidates are in flight together.
         for start in range(0, len(to_run), self.run_workers):
             chunk = to_run[start : start + self.run_workers]
             try:
                 futures = self.runner.run(
-                    [RunnerInput(results[i].artifact_path, self.device_type, info) for i in chunk]
+                    [
+                        RunnerInput(results[i].artifact_path, self.device_type, results[i].args_info or info)
+                        for i in chunk
+                    ]
                 )
             except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
                 for i in chunk:
@@ -441,7 +466,7 @@ class Measurer:
     def confirm(self, result: MeasureResult, args_info: Sequence[ms.arg_info.ArgInfo]) -> None:
         """Runs a built candidate ``confirm_runs`` more times and adds their timings to
         ``result.run_secs`` (a failing run marks it failed, as the first would have)."""
-        info = list(args_info)
+        info = list(result.args_info or args_info)
         for _ in range(self.config.confirm_runs):
             if not result.ok or result.artifact_path is None:
                 return
@@ -511,19 +536,24 @@ def _time_side_by_side(
 ) -> list[list[float]]:
     """Worker side of :meth:`Measurer.side_by_side`."""
     dev = tvm.runtime.device(dev_type, 0)
-    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    per_candidate = bool(arrays) and isinstance(arrays[0], (list, tuple))
+    shared = None if per_candidate else [tvm.runtime.tensor(a, dev) for a in arrays]
+    args = [
+        [tvm.runtime.tensor(a, dev) for a in arrays[i]] if per_candidate else shared
+        for i in range(len(paths))
+    ]
     timers = []
-    for path in paths:
+    for i, path in enumerate(paths):
         timer = tvm.runtime.load_module(path).time_evaluator(
             entry, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms
         )
-        timer(*args)  # warm-up
+        timer(*args[i])  # warm-up
         timers.append(timer)
     times: list[list[float]] = [[] for _ in paths]
     for r in range(rounds):
         order = range(len(paths)) if r % 2 == 0 else reversed(range(len(paths)))
         for i in order:
-            times[i].append(float(timers[i](*args).results[0]))
+            times[i].append(float(timers[i](*args[i]).results[0]))
     return times
 
 

@@ -99,7 +99,10 @@ def _skip_reason(func: tvm.tirx.PrimFunc, name: str) -> str | None:
 
 
 def extract_tasks(
-    mod: IRModule, max_fuse_depth: int | None = None, groups: list[list[int]] | None = None
+    mod: IRModule,
+    max_fuse_depth: int | None = None,
+    groups: list[list[int]] | None = None,
+    prepack: bool = True,
 ) -> tuple[IRModule, list[ModelTask]]:
     """Fuse a Relax model (with fastsearch's rule-based groups, or ``groups``: see
     :func:`fastsearch.partition.group_module`) and list its tasks in program order (first call).
@@ -107,12 +110,19 @@ def extract_tasks(
     Returns the fused module (what ``tvm.compile`` and the database pass get) and one
     :class:`ModelTask` per distinct PrimFunc that is called; tasks without loops, pure reshapes
     and operators fastsearch cannot import carry a ``skip`` reason and keep TVM's default code.
+    With ``prepack``, every PrimFunc argument that is a constant of the model (a weight) is
+    marked layout-free: a schedule may read it in another layout, which
+    :func:`apply_database` computes once, when the model is compiled.
     """
     from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, fuse
 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedWorkload("the Relax module has no function `main` to tune")
     fused = fuse(mod, max_fuse_depth or DEFAULT_MAX_FUSE_DEPTH, groups=groups)
+    if prepack:
+        # Weights (constants) may take the layout a tuned schedule reads them in: MetaSchedule's
+        # RewriteLayout rewrites them, and apply_database folds the rewrite into the constants.
+        fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
     counts = _call_counts(fused)
     prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     # Program order: the order of first calls in main, then any other called function by name.
@@ -149,6 +159,11 @@ def extract_tasks(
 def apply_database(fused: IRModule, database: object, target: tvm.target.Target) -> IRModule:
     """``fused`` with every PrimFunc that has a valid record replaced by its best schedule
     (``relax.transform.MetaScheduleApplyDatabase``, which needs the target and database in
-    scope)."""
+    scope). A schedule that reads a weight in another layout gets it prepacked: its layout
+    rewrite is split into a function of its own (``SplitLayoutRewritePreproc``) whose call on
+    the constant weight ``FoldConstant`` computes here, so the model's ``main`` takes the same
+    inputs and no inference repeats the rewrite."""
     with target, database:  # type: ignore[attr-defined]
-        return relax.transform.MetaScheduleApplyDatabase()(fused)
+        applied = relax.transform.MetaScheduleApplyDatabase()(fused)
+    applied = relax.transform.SplitLayoutRewritePreproc()(applied)
+    return relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(applied))

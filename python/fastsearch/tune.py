@@ -42,7 +42,9 @@ from fastsearch.measure import (
     Measurer,
     MeasureResult,
     RPCRunner,
+    built_args_info,
     compare_outputs,
+    plain_args_info,
     random_arguments,
     run_function,
 )
@@ -957,9 +959,11 @@ def _final_round(
         if len(ok) < 2 or ok[0] != 0:
             return None
         paths = [str(built[keep.index(i)].artifact_path) for i in ok]
+        # A prepacked weight is taken in the candidate's own layout: each gets its arguments.
+        layouts = [built_args_info(schs[i].mod) or task.args_info for i in ok]  # type: ignore[union-attr]
         try:
             times = measurer.side_by_side(
-                paths, random_arguments(task.args_info, seed=1), cfg.final_rounds, task.entry
+                paths, [random_arguments(info, seed=1) for info in layouts], cfg.final_rounds, task.entry
             )
         except CandidateFault:
             return None
@@ -1019,8 +1023,10 @@ def _check_candidate(
         raise MeasurementError(f"task {task.name!r}: cannot compute the reference output: {exc}") from exc
     assert task.inputs is not None
     try:
-        attrs = sch.mod["main"].attrs
-        rewrites_layout = attrs is not None and "layout_free_buffers" in attrs
+        built = built_args_info(sch.mod)
+        rewrites_layout = built is not None and [plain_args_info(a) for a in built] != [
+            plain_args_info(a) for a in task.args_info
+        ]
         if remote is not None:
             out = _run_remote(remote, sch, res, target, task, rewrites_layout)
         elif res.artifact_path and not rewrites_layout:
