@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 import tvm
+from fastsearch.onnx_zoo import MOBILENET_V2_STAGES
 from tvm import relax
 from tvm.relax import op as R
 
@@ -116,15 +117,7 @@ def resnet(depth: int, size: int = 32, bn_op: bool = True) -> tvm.IRModule:
 
 def mobilenet_v2(size: int = 32) -> tvm.IRModule:
     """MobileNetV2 (width 1/4): inverted residuals with depthwise convolutions and ReLU6."""
-    settings = [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ]
+    settings = MOBILENET_V2_STAGES
     data = _input("data", 1, 3, size, size)
 
     def body(bb: relax.BlockBuilder) -> relax.Expr:

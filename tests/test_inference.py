@@ -207,13 +207,14 @@ def test_profile_accounts_for_every_call() -> None:
 
 def test_cli_reports_a_zoo_model_before_after_and_onnxruntime(tmp_path) -> None:
     pytest.importorskip("onnxruntime", reason="the comparison line needs onnxruntime")
-    path = tmp_path / "inception.onnx"
-    onnx.save(onnx_zoo.build("inception-block-small"), str(path))
+    # A zoo name: the command writes the ONNX file into the work directory and reads it back.
     out = run_cli(
-        "tune", str(path), "--trials", "8", "--work-dir", str(tmp_path / "w"), "--no-progress", "--profile",
-        "--e2e-processes", "1",
+        "tune", "--model", "inception-block-small", "--trials", "8", "--work-dir", str(tmp_path / "w"),
+        "--no-progress", "--profile", "--e2e-processes", "1",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    assert (tmp_path / "w" / "inception-block-small.onnx").is_file()
+    assert "model        inception-block-small" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("end to end"))
     assert "untuned" in line and "tuned" in line and "onnxruntime" in line and "tuned / onnxruntime" in line
     assert "outputs      tuned matches untuned" in out.stdout and "matches onnxruntime" in out.stdout

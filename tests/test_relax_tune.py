@@ -222,6 +222,29 @@ def test_compiled_model_matches_the_untuned_one(tuned) -> None:
     np.testing.assert_allclose(_run_vm(exe, inputs), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_weights_are_prepacked_when_the_model_is_compiled(tuned) -> None:
+    """Tuned convolutions read their weights in the layout their schedule wants (RewriteLayout
+    on the layout-free weights); the rewrite is folded into the constants when the model is
+    compiled, so no inference runs it and ``main`` takes the model's own input."""
+    _, result = tuned
+    best = result.best_module()
+    prims = {gv.name_hint: f for gv, f in best.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert any(name.endswith("_prepacked") for name in prims)
+    called = set()
+
+    def visit(node: object) -> None:
+        if (
+            isinstance(node, relax.Call)
+            and isinstance(node.op, tvm.ir.Op)
+            and node.op.name == "relax.call_tir"
+        ):
+            called.add(node.args[0].name_hint)
+
+    relax.analysis.post_order_visit(best["main"], visit)
+    assert not [n for n in called if "weight_layout_rewrite" in n or n.endswith("_weight_prepack")]
+    assert [p.name_hint for p in best["main"].params] == [p.name_hint for p in _tiny_resnet()["main"].params]
+
+
 def test_database_works_with_meta_schedule_apply_database(tuned) -> None:
     work, result = tuned
     database = ms.database.JSONDatabase(work_dir=str(work))  # TVM's own reader of our files

@@ -163,8 +163,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.model_file or args.model:
         from pathlib import Path
 
-        from fastsearch.models import load_model
+        from fastsearch.models import MODELS, load_model
 
+        if args.model and args.model.lower() not in MODELS and _is_zoo_model(args.model):
+            # An ONNX zoo model: written to the work directory and read as a user's file is, so
+            # that onnxruntime can run the same file beside the tuned model.
+            args.model_file = _write_zoo_model(args.model.lower(), args.work_dir)
+            args.model = None
         if args.model_file:
             mod = load_onnx(args.model_file, _input_shapes(args.input_shape))
             name, shape = Path(args.model_file).stem, ()
@@ -325,7 +330,33 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
 def _model_names() -> list[str]:
     from fastsearch.models import MODELS
 
-    return list(MODELS)
+    names = list(MODELS)
+    try:
+        from fastsearch.onnx_zoo import SMALL, ZOO
+    except ImportError:  # pragma: no cover  (onnx_zoo imports onnx lazily)
+        return names
+    # A zoo model named like a Relax one (resnet-18) is reached by saving it: see README.
+    return names + [f"{n} (ONNX)" for n in [*ZOO, *SMALL] if n not in MODELS]
+
+
+def _is_zoo_model(name: str) -> bool:
+    from fastsearch.onnx_zoo import SMALL, ZOO
+
+    return name.lower() in ZOO or name.lower() in SMALL
+
+
+def _write_zoo_model(name: str, work_dir: str | None) -> str:
+    """Build the zoo model ``name`` and save it as ``<work dir>/<name>.onnx``."""
+    from pathlib import Path
+
+    from fastsearch import onnx_zoo
+
+    folder = Path(work_dir) if work_dir else Path.cwd() / "fastsearch_work" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.onnx"
+    data = onnx_zoo.build(name).SerializeToString()  # raises before writing when onnx is missing
+    path.write_bytes(data)
+    return str(path)
 
 
 def _parser() -> argparse.ArgumentParser:
