@@ -166,4 +166,9 @@ def apply_database(fused: IRModule, database: object, target: tvm.target.Target)
     with target, database:  # type: ignore[attr-defined]
         applied = relax.transform.MetaScheduleApplyDatabase()(fused)
     applied = relax.transform.SplitLayoutRewritePreproc()(applied)
-    return relax.transform.DeadCodeElimination()(relax.transform.FoldConstant()(applied))
+    applied = relax.transform.FoldConstant()(applied)
+    # The folded rewrites leave tuples of constants read item by item: each would cost the VM a
+    # builtin call per inference (make_tuple, tuple_getitem). Reading the constants directly
+    # leaves the tuples dead.
+    applied = relax.transform.CanonicalizeBindings()(applied)
+    return relax.transform.DeadCodeElimination()(applied)
