@@ -6,6 +6,7 @@ import fastsearch
 import numpy as np
 import pytest
 import tvm
+from fastsearch.inference import optimize_for_inference
 from fastsearch.models import MODELS as BUILTIN_MODELS
 from fastsearch.models import load_model
 from fastsearch.partition import (
@@ -74,6 +75,17 @@ def test_groups_match_fuse_ops(name: str) -> None:
 def test_builtin_models_group_as_fuse_ops(name: str) -> None:
     # The models `fastsearch tune --model` and the end-to-end benchmark tune, ResNet-18 included.
     mod = load_model(name)
+    assert partition(mod) == _fuse_ops_groups(mod)
+
+
+@pytest.mark.parametrize(
+    "name", ["mobilenet-v2-small", "resnet-18-small", "bert-layer-small", "inception-block-small"]
+)
+def test_zoo_models_after_the_inference_pipeline_group_as_fuse_ops(name: str) -> None:
+    # What tune() partitions: ONNX imports after fastsearch's inference pipeline.
+    onnx_zoo = pytest.importorskip("fastsearch.onnx_zoo")
+    pytest.importorskip("onnx")
+    mod = optimize_for_inference(onnx_zoo.load(name))
     assert partition(mod) == _fuse_ops_groups(mod)
 
 

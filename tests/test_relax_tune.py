@@ -242,7 +242,7 @@ def test_weights_are_prepacked_when_the_model_is_compiled(tuned) -> None:
 
     relax.analysis.post_order_visit(best["main"], visit)
     assert not [n for n in called if "weight_layout_rewrite" in n or n.endswith("_weight_prepack")]
-    assert [p.name_hint for p in best["main"].params] == [p.name_hint for p in _tiny_resnet()["main"].params]
+    assert [p.name for p in best["main"].params] == [p.name for p in _tiny_resnet()["main"].params]
 
 
 def test_database_works_with_meta_schedule_apply_database(tuned) -> None:

@@ -19,7 +19,7 @@ from tvm_ffi import structural_equal, structural_hash
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 
-__all__ = ["ModelTask", "apply_database", "extract_tasks", "is_relax_module"]
+__all__ = ["ModelTask", "apply_database", "extract_tasks", "is_relax_module", "mark_layout_free_weights"]
 
 _CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace")
 
@@ -122,7 +122,7 @@ def extract_tasks(
     if prepack:
         # Weights (constants) may take the layout a tuned schedule reads them in: MetaSchedule's
         # RewriteLayout rewrites them, and apply_database folds the rewrite into the constants.
-        fused = relax.transform.AttachAttrLayoutFreeBuffers()(fused)
+        fused = mark_layout_free_weights(fused)
     counts = _call_counts(fused)
     prims = {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     # Program order: the order of first calls in main, then any other called function by name.
@@ -154,6 +154,36 @@ def extract_tasks(
         bucket.append((normalized, task))
         tasks.append(task)
     return fused, tasks
+
+
+def mark_layout_free_weights(mod: IRModule) -> IRModule:
+    """``mod`` with each PrimFunc's ``layout_free_buffers`` attribute naming the parameters that
+    every call in ``main`` passes a constant (a weight): MetaSchedule's RewriteLayout may give
+    those any layout. TVM's ``AttachAttrLayoutFreeBuffers`` does the same but renames every
+    function it touches (``f`` becomes ``f1``), which would rename the user's tasks."""
+    constant_args: dict[str, set[int]] = {}
+
+    def visit(node: object) -> None:
+        name = _called_primfunc(node)
+        if name is None:
+            return
+        args = node.args[1]  # type: ignore[attr-defined]
+        fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
+        found = {i for i, arg in enumerate(fields) if isinstance(arg, tvm.ir.expr.Constant)}
+        constant_args[name] = constant_args.get(name, found) & found
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    updates = {}
+    for gvar, func in mod.functions_items():
+        positions = sorted(constant_args.get(gvar.name_hint, ()))
+        if isinstance(func, tvm.tirx.PrimFunc) and positions:
+            updates[gvar] = func.with_attr("layout_free_buffers", positions)
+    if not updates:
+        return mod
+    out = IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gvar, func in updates.items():
+        out[gvar] = func
+    return out
 
 
 def apply_database(fused: IRModule, database: object, target: tvm.target.Target) -> IRModule:

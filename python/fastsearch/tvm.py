@@ -454,7 +454,7 @@ class SearchStrategy(PySearchStrategy):
             sch.enter_postproc()
             if not all(p.apply(sch) for p in self.postprocs):
                 return None
-        except tvm.TVMError:
+        except Exception:  # noqa: BLE001  (TVM raises ValueError, RuntimeError, tvm.error.* here)
             return None
         return _Individual(trace_text(pre), pre, sch)
 
