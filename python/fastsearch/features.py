@@ -149,7 +149,7 @@ def design_space_candidates(func: Any, target: Any, n: int) -> list[Any]:
             sch.enter_postproc()
             if not all(p.apply(sch) for p in postprocs):
                 continue
-        except Exception:  # noqa: BLE001  (TVM raises ValueError, RuntimeError, tvm.error.* here)
+        except Exception:  # noqa: BLE001, S112  (TVM raises ValueError, RuntimeError, tvm.error.*)
             continue
         out.append(sch)
     return out

@@ -104,7 +104,7 @@ def vector_bytes(target: tvm.target.Target) -> int:
             return 64
         if target_has_features("avx2", target):
             return 32
-    except Exception:  # noqa: BLE001  (TVM raises ValueError, RuntimeError, tvm.error.* here)
+    except Exception:  # noqa: BLE001, S110  (TVM raises ValueError, RuntimeError, tvm.error.*)
         pass
     return 16
 
@@ -140,7 +140,7 @@ def replay(
         Trace.apply_json_to_schedule(obj, sch)
         if postprocessor is not None and not postprocessor.apply(sch):
             return None
-    except Exception:  # noqa: BLE001  (TVM raises ValueError, RuntimeError, tvm.error.* here)
+    except Exception:  # noqa: BLE001  (TVM raises ValueError, RuntimeError, tvm.error.*)
         return None
     return sch
 
