@@ -367,7 +367,8 @@ class Measurer:
 
     def build(self, mods: Sequence[IRModule]) -> list[MeasureResult]:
         """Build all ``mods`` in parallel: a result with ``artifact_path`` (until :meth:`release`)
-        or the build's error, per module."""
+        and the built function's ``args_info`` when a weight layout rewrite changed it, or the
+        build's error, per module."""
         t0 = time.perf_counter()
         try:
             built = self.builder.build([BuilderInput(mod, self.target) for mod in mods])
@@ -386,7 +387,8 @@ class Measurer:
                 msg = str(res.error_msg or "build produced no artifact")
                 results.append(MeasureResult(error=msg, failure=_failure_kind("build", msg)))
             else:
-                results.append(MeasureResult(artifact_path=str(res.artifact_path)))
+                path = str(res.artifact_path)
+                results.append(MeasureResult(artifact_path=path, args_info=built_args_info(mods[i])))
         return results
 
     def side_by_side(
@@ -441,8 +443,6 @@ class Measurer:
 
         t0 = time.perf_counter()
         info = list(args_info)
-        for i in to_run:
-            results[i].args_info = built_args_info(mods[i])
         # The local runner times one candidate at a time (they would share this CPU); remote
         # devices each take one, so up to run_workers candidates are in flight together.
         for start in range(0, len(to_run), self.run_workers):

@@ -78,8 +78,17 @@ class _Graph:
     # Layers ------------------------------------------------------------------------------------
 
     def conv(
-        self, x: str, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, bias: bool = False
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        k: int,
+        stride: int = 1,
+        groups: int = 1,
+        bias: bool = False,
+        pad: int | None = None,
     ) -> str:
+        """A convolution with He-initialized weights, padded by ``k // 2`` unless ``pad`` says."""
         fan_in = cin // groups * k * k
         w = (self.rng.standard_normal((cout, cin // groups, k, k)) * math.sqrt(2.0 / fan_in)).astype(
             "float32"
@@ -87,7 +96,7 @@ class _Graph:
         inputs = [x, self.const(w)]
         if bias:
             inputs.append(self.const((self.rng.standard_normal(cout) * 0.1).astype("float32"), "b"))
-        pad = k // 2
+        pad = k // 2 if pad is None else pad
         return self.node(
             "Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=groups
         )
@@ -289,18 +298,7 @@ def vit_block(size: int = 224, patch: int = 16, hidden: int = 384, heads: int = 
     and a GELU MLP of 4x ``hidden`` and a residual ``Add``."""
     g = _Graph(seed)
     tokens = (size // patch) ** 2
-    emb = g.conv("input", 3, hidden, patch, patch, bias=True) if patch % 2 else None
-    if emb is None:  # an even kernel: no padding (Conv's pads are k // 2 on both sides otherwise)
-        w = (g.rng.standard_normal((hidden, 3, patch, patch)) * math.sqrt(2.0 / (3 * patch * patch))).astype(
-            "float32"
-        )
-        b = (g.rng.standard_normal(hidden) * 0.1).astype("float32")
-        emb = g.node(
-            "Conv",
-            ["input", g.const(w), g.const(b, "b")],
-            kernel_shape=[patch, patch],
-            strides=[patch, patch],
-        )
+    emb = g.conv("input", 3, hidden, patch, patch, bias=True, pad=0)  # patches do not overlap
     x = g.node("Transpose", [g.reshape(emb, [1, hidden, tokens])], perm=[0, 2, 1])
     x = g.node("Add", [x, g.attention(g.layer_norm(x, hidden), tokens, hidden, heads)])
     h = g.dense(g.gelu(g.dense(g.layer_norm(x, hidden), hidden, 4 * hidden)), 4 * hidden, hidden)

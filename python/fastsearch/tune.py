@@ -42,7 +42,6 @@ from fastsearch.measure import (
     Measurer,
     MeasureResult,
     RPCRunner,
-    built_args_info,
     compare_outputs,
     plain_args_info,
     random_arguments,
@@ -960,7 +959,7 @@ def _final_round(
             return None
         paths = [str(built[keep.index(i)].artifact_path) for i in ok]
         # A prepacked weight is taken in the candidate's own layout: each gets its arguments.
-        layouts = [built_args_info(schs[i].mod) or task.args_info for i in ok]  # type: ignore[union-attr]
+        layouts = [built[keep.index(i)].args_info or task.args_info for i in ok]
         try:
             times = measurer.side_by_side(
                 paths, [random_arguments(info, seed=1) for info in layouts], cfg.final_rounds, task.entry
@@ -1023,7 +1022,7 @@ def _check_candidate(
         raise MeasurementError(f"task {task.name!r}: cannot compute the reference output: {exc}") from exc
     assert task.inputs is not None
     try:
-        built = built_args_info(sch.mod)
+        built = res.args_info  # set by the build when a layout rewrite changed the arguments
         rewrites_layout = built is not None and [plain_args_info(a) for a in built] != [
             plain_args_info(a) for a in task.args_info
         ]
