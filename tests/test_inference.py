@@ -9,12 +9,13 @@ import pytest
 import tvm
 from fastsearch import MalformedInput
 from fastsearch.inference import STEPS, InferenceReport, fold_scale_shift, optimize_for_inference
-from fastsearch.model_timing import profile_model
+from fastsearch.model_timing import hollow_kernels, profile_model
 from fastsearch.relax_tasks import extract_tasks
 from fastsearch.scheduler import GradientScheduler, TaskState, floor_rounds
 from test_cli import run as run_cli
 from tvm import relax
 from tvm.relax import op as R
+from tvm_ffi import structural_equal
 
 onnx = pytest.importorskip("onnx", reason="the model zoo is written with the `onnx` package")
 from fastsearch import onnx_zoo
@@ -197,12 +198,30 @@ def test_profile_accounts_for_every_call() -> None:
     model = onnx_zoo.build("inception-block-small")
     feeds = onnx_zoo.model_input(model)
     fused, tasks = extract_tasks(optimize_for_inference(onnx_zoo.load(model)))
-    prof = profile_model(tvm.compile(fused, target=TARGET), list(feeds.values()), runs=3)
+    hollow = tvm.compile(hollow_kernels(fused), target=TARGET)
+    prof = profile_model(tvm.compile(fused, target=TARGET), list(feeds.values()), runs=3, hollow=hollow)
     kernels = {r.name for r in prof.rows if r.kind == "kernel"}
     assert {t.name for t in tasks if t.skip is None} <= kernels
     assert any(r.kind == "vm" and r.name.startswith("vm.builtin.") for r in prof.rows)
-    assert prof.total_us > 0 and prof.kernel_us > 0
-    assert "VM own time" in prof.table()
+    assert prof.total_us > 0 and prof.kernel_us > 0 and prof.sequence_us > 0
+    # The hollow model runs the same VM program with no kernel work: the VM's own time.
+    assert prof.hollow_us is not None and 0 < prof.vm_us == prof.hollow_us < prof.total_us
+    assert "VM own time" in prof.table() and "back to back" in prof.table()
+
+
+def test_hollow_kernels_keeps_the_vm_program_and_drops_the_work() -> None:
+    model = onnx_zoo.build("inception-block-small")
+    feeds = onnx_zoo.model_input(model)
+    fused, _ = extract_tasks(optimize_for_inference(onnx_zoo.load(model)))
+    hollow = hollow_kernels(fused)
+    prims = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims and sorted(prims) == sorted(
+        gv.name_hint for gv, f in hollow.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+    )
+    assert all(isinstance(hollow[name].body, tvm.tirx.Evaluate) for name in prims)
+    assert structural_equal(hollow["main"], fused["main"])
+    # It still runs, with outputs of the model's shapes.
+    assert _run(hollow, feeds).shape == _run(fused, feeds).shape
 
 
 def test_cli_reports_a_zoo_model_before_after_and_onnxruntime(tmp_path) -> None:

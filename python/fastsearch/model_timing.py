@@ -5,7 +5,9 @@ reads a model up to 3x slower than a fresh one (its memory and thread pool are i
 state), so what is reported to users is timed by :func:`time_in_fresh_processes`: each of
 several fresh processes loads the exported models (and, optionally, an ONNX file run by
 onnxruntime on the same threads) and times them in interleaved rounds. :func:`profile_model`
-times every call the VM makes: each kernel, and the VM's own builtins.
+times every call the VM makes (each kernel, and the VM's own builtins), the kernels back to back
+in the model's order without the VM, and, given the model with every kernel emptied
+(:func:`hollow_kernels`), the VM's own time directly.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "VMProfile",
     "describe_end_to_end",
     "end_to_end",
+    "hollow_kernels",
     "paired_ratios",
     "profile_model",
     "time_in_fresh_processes",
@@ -109,12 +112,15 @@ def time_in_fresh_processes(
     min_repeat_ms: int = 200,
     timeout_s: float = 600.0,
     profile: str | None = None,
+    hollow: str | os.PathLike[str] | None = None,
 ) -> FreshTiming:
     """Time exported Relax VM libraries (``name -> path`` of ``exe.export_library``) and, when
     given and installed, ``onnx_file`` under onnxruntime (as ``"onnxruntime"``), in
     ``processes`` fresh processes of ``rounds`` interleaved rounds each, every one on
     ``threads`` threads (``TVM_NUM_THREADS``; onnxruntime's intra-op threads). ``profile``
-    names a library whose every VM call the first process also times (:func:`profile_model`)."""
+    names a library whose every VM call the first process also times (:func:`profile_model`);
+    ``hollow``, that library built from :func:`hollow_kernels`, gives the profile the VM's own
+    time."""
     names = list(libraries)
     with tempfile.TemporaryDirectory(prefix="fastsearch_timing_") as tmp:
         np.savez(Path(tmp) / "inputs.npz", *inputs)
@@ -126,6 +132,7 @@ def time_in_fresh_processes(
             "rounds": rounds,
             "min_repeat_ms": min_repeat_ms,
             "profile": profile,
+            "hollow": str(hollow) if hollow is not None else None,
         }
         if spec["onnx"]:
             names.append("onnxruntime")
@@ -159,7 +166,10 @@ def time_in_fresh_processes(
                         outputs[n] = data[f"output/{n}"]
                 if "profile" in data.files:
                     rows = json.loads(str(data["profile"]))
-                    found = VMProfile(rows=[ProfileRow(**r) for r in rows["rows"]], total_us=rows["total_us"])
+                    found = VMProfile(
+                        rows=[ProfileRow(**r) for r in rows.pop("rows")],
+                        **rows,
+                    )
     return FreshTiming(times=times, outputs=outputs, threads=threads, processes=processes, profile=found)
 
 
@@ -223,9 +233,17 @@ def _child(spec_path: str) -> None:
         out[f"times/{n}"] = np.asarray(times[n])
     if spec.get("profile"):
         exe = tvm.runtime.load_module(spec["libraries"][spec["profile"]])
-        prof = profile_model(exe, inputs)
+        hollow = tvm.runtime.load_module(spec["hollow"]) if spec.get("hollow") else None
+        prof = profile_model(exe, inputs, hollow=hollow)
         out["profile"] = np.asarray(
-            json.dumps({"rows": [r.__dict__ for r in prof.rows], "total_us": prof.total_us})
+            json.dumps(
+                {
+                    "rows": [r.__dict__ for r in prof.rows],
+                    "total_us": prof.total_us,
+                    "sequence_us": prof.sequence_us,
+                    "hollow_us": prof.hollow_us,
+                }
+            )
         )
     np.savez(spec["out"], **out)
 
@@ -255,7 +273,12 @@ def end_to_end(
     work.mkdir(parents=True, exist_ok=True)
     libraries = {"untuned": work / "model_untuned.so", "tuned": work / "model_tuned.so"}
     tvm.compile(source, target=result.target).export_library(str(libraries["untuned"]))
-    result.compile().export_library(str(libraries["tuned"]))
+    tuned = result.best_module()
+    tvm.compile(tuned, target=result.target).export_library(str(libraries["tuned"]))
+    hollow = None
+    if profile:
+        hollow = work / "model_tuned_hollow.so"
+        tvm.compile(hollow_kernels(tuned), target=result.target).export_library(str(hollow))
     return time_in_fresh_processes(
         {n: str(p) for n, p in libraries.items()},
         inputs,
@@ -264,6 +287,7 @@ def end_to_end(
         processes=processes,
         rounds=rounds,
         profile="tuned" if profile else None,
+        hollow=hollow,
     )
 
 
@@ -314,23 +338,36 @@ class ProfileRow:
 
 @dataclass
 class VMProfile:
-    """Where a model's inference time goes: every called function (slowest first),
-    ``total_us`` (one uninstrumented inference, median) and ``vm_us``, the VM's own time: the
-    total less the kernels' time (its builtins, allocations and instruction dispatch)."""
+    """Where a model's inference time goes.
+
+    ``rows``: every called function, slowest first (a kernel's figure is the kernel alone in a
+    tight loop). ``total_us``: one uninstrumented inference. ``sequence_us``: the model's kernel
+    calls made back to back, in order, on the model's own buffers, without the VM: what the
+    kernels cost in the model, where each reads what the last one wrote (with several threads,
+    often written by another core). ``hollow_us``: the same model with every kernel emptied
+    (:func:`hollow_kernels`), so its VM program alone: allocations, builtins, instruction
+    dispatch and the calls themselves (``None`` when not measured)."""
 
     rows: list[ProfileRow] = field(default_factory=list)
     total_us: float = 0.0
+    sequence_us: float = 0.0
+    hollow_us: float | None = None
 
     @property
     def kernel_us(self) -> float:
+        """The kernels' time, each timed alone in a loop (warm caches, threads spinning)."""
         return sum(r.us for r in self.rows if r.kind == "kernel")
 
     @property
     def vm_us(self) -> float:
-        return max(0.0, self.total_us - self.kernel_us)
+        """The VM's own time: the hollow model's time when measured, else the total less the
+        kernels back to back."""
+        if self.hollow_us is not None:
+            return self.hollow_us
+        return max(0.0, self.total_us - self.sequence_us)
 
     def table(self) -> str:
-        width = max([len("function")] + [len(r.name) for r in self.rows])
+        width = max([len("kernels back to back, no VM")] + [len(r.name) for r in self.rows])
         lines = [f"{'function':<{width}}  {'kind':<6}  {'calls':>5}  {'us':>9}  {'share':>6}"]
         for r in self.rows:
             # A builtin's figure is mostly the instrumentation's callback: no share of the total.
@@ -338,28 +375,48 @@ class VMProfile:
                 f"{100 * r.us / self.total_us:5.1f}%" if self.total_us and r.kind == "kernel" else "     -"
             )
             lines.append(f"{r.name:<{width}}  {r.kind:<6}  {r.calls:>5.0f}  {r.us:>9.1f}  {share:>6}")
-        lines.append(
-            "(vm rows: timed through the instrumentation callback, which dominates them)\n"
-            f"{'total (uninstrumented)':<{width}}  {'':<6}  {'':>5}  {self.total_us:>9.1f}\n"
-            f"{'kernels':<{width}}  {'':<6}  {'':>5}  {self.kernel_us:>9.1f}\n"
-            f"{'VM own time (total - kernels)':<{width}}  {'':<6}  {'':>5}  {self.vm_us:>9.1f}"
-        )
+        how = "the model with empty kernels" if self.hollow_us is not None else "total - back to back"
+        lines += [
+            "(vm rows: timed through the instrumentation callback, which dominates them)",
+            f"{'total (uninstrumented)':<{width}}  {'':<6}  {'':>5}  {self.total_us:>9.1f}",
+            f"{'kernels, each alone':<{width}}  {'':<6}  {'':>5}  {self.kernel_us:>9.1f}",
+            f"{'kernels back to back, no VM':<{width}}  {'':<6}  {'':>5}  {self.sequence_us:>9.1f}",
+            f"{'VM own time':<{width}}  {'':<6}  {'':>5}  {self.vm_us:>9.1f}  ({how})",
+        ]
         return "\n".join(lines)
 
 
-def profile_model(exe: Any, inputs: Sequence[np.ndarray], runs: int = 20) -> VMProfile:
-    """Time every call of ``main`` of a Relax VM executable on ``inputs`` over ``runs``
-    inferences (VM instrumentation), and one inference without instrumentation.
+def hollow_kernels(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (a fused Relax model) with the body of every PrimFunc replaced by a no-op: the
+    same VM program, with its allocations, builtins and calls, and no kernel work. Its time is
+    the VM's own time; its outputs are meaningless."""
+    funcs = {}
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            func = func.with_body(tvm.tirx.Evaluate(0))
+        funcs[gvar] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
 
-    A kernel's time is that of the kernel called alone in a tight loop on the arguments the
-    model gives it (calls timed inside the instrumented model carry the callback and the thread
-    pool waking up after it); a VM builtin's is timed around each call, through the
-    instrumentation's callback (about a microsecond of which is the callback's). The VM's own
-    time is the uninstrumented total less the kernels."""
+
+def profile_model(
+    exe: Any, inputs: Sequence[np.ndarray], runs: int = 20, hollow: Any | None = None
+) -> VMProfile:
+    """Time every call of ``main`` of a Relax VM executable on ``inputs`` over ``runs``
+    inferences (VM instrumentation), one inference without instrumentation, and the model's
+    kernel calls back to back without the VM. ``hollow``, the same model built from
+    :func:`hollow_kernels`, is timed too, for the VM's own time.
+
+    A kernel's row is that kernel called alone in a tight loop on the arguments the model gives
+    it (calls timed inside the instrumented model carry the callback and the thread pool waking
+    up after it); a VM builtin's is timed around each call, through the instrumentation's
+    callback (about a microsecond of which is the callback's)."""
     dev = tvm.cpu(0)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     plain = relax.VirtualMachine(exe, dev)
     total = _loop_us(plain["main"], tuple(args), min_s=0.1)  # timed as the kernels are below
+    hollow_us = None
+    if hollow is not None:
+        hollow_us = _loop_us(relax.VirtualMachine(hollow, dev)["main"], tuple(args), min_s=0.1)
     vm = relax.VirtualMachine(exe, dev)
     spent: dict[str, float] = {}
     calls: dict[str, int] = {}
@@ -374,15 +431,16 @@ def profile_model(exe: Any, inputs: Sequence[np.ndarray], runs: int = 20) -> VMP
             calls[name] = calls.get(name, 0) + 1
         return 0
 
-    kernels: dict[str, tuple[Any, tuple]] = {}
+    sequence: list[tuple[str, Any, tuple]] = []  # every kernel call of one inference, in order
 
     def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
-        if before and not name.startswith("vm.") and name not in kernels:
-            kernels[name] = (func, rest)
+        if before and not name.startswith("vm."):
+            sequence.append((name, func, rest))
         return 0
 
     vm.set_instrument(capture)
     vm["main"](*args)  # the kernels and the arguments each is called with
+    kernels = {name: (func, fargs) for name, func, fargs in reversed(sequence)}  # first call each
     vm.set_instrument(instrument)
     vm["main"](*args)  # warm-up
     spent.clear()
@@ -397,7 +455,13 @@ def profile_model(exe: Any, inputs: Sequence[np.ndarray], runs: int = 20) -> VMP
             us = _loop_us(func, fargs) * calls[n] / runs
         rows.append(ProfileRow(name=n, calls=calls[n] / runs, us=us, kind="kernel" if n in kernels else "vm"))
     rows.sort(key=lambda r: -r.us)
-    return VMProfile(rows=rows, total_us=total)
+
+    def back_to_back() -> None:
+        for _, func, fargs in sequence:
+            func(*fargs)
+
+    sequence_us = _loop_us(back_to_back, (), min_s=0.1)
+    return VMProfile(rows=rows, total_us=total, sequence_us=sequence_us, hollow_us=hollow_us)
 
 
 def _loop_us(func: Any, args: tuple, min_s: float = 0.02, repeats: int = 3) -> float:
