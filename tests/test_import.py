@@ -76,3 +76,25 @@ def test_malformed_program_json_is_typed():
         _core.program_summary('{"buffers": 3}')
     with pytest.raises(fastsearch.MalformedInput):
         _core.program_summary("not json")
+
+
+def test_public_api_is_curated_and_complete():
+    # What the README and the drop-in docs tell users to reach from the top level.
+    public = {
+        "tune", "sample", "extract_features", "partition", "TuneResult", "MeasureConfig",
+        "RPCRunner", "WarmStart", "SearchStrategy", "FeatureExtractor", "CostModel",
+        "FastsearchError", "UnsupportedWorkload", "MalformedInput", "InvalidTarget",
+    }  # fmt: skip
+    assert public <= set(fastsearch.__all__)
+    for name in fastsearch.__all__:
+        assert getattr(fastsearch, name) is not None, name
+    assert fastsearch.extract_features is fastsearch.features.extract_features
+    assert issubclass(fastsearch.UnsupportedWorkload, fastsearch.FastsearchError)
+    # The drop-in classes are fastsearch.tvm's, and what they build are MetaSchedule's roles.
+    from fastsearch import tvm as dropin
+    from tvm.s_tir import meta_schedule as ms
+
+    assert (fastsearch.SearchStrategy, fastsearch.CostModel, fastsearch.FeatureExtractor) == (
+        dropin.SearchStrategy, dropin.CostModel, dropin.FeatureExtractor
+    )  # fmt: skip
+    assert isinstance(fastsearch.FeatureExtractor(), ms.feature_extractor.FeatureExtractor)

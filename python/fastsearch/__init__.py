@@ -16,15 +16,20 @@ from fastsearch.errors import (
     ScheduleError,
     UnsupportedWorkload,
 )
+from fastsearch.features import extract_features
 from fastsearch.measure import MeasureConfig, RPCRunner
 from fastsearch.partition import partition
 from fastsearch.sample import sample
 from fastsearch.tune import TuneResult, tune
+from fastsearch.tvm import CostModel, FeatureExtractor, SearchStrategy
+from fastsearch.warm_start import WarmStart
 
 __all__ = [
+    "CostModel",
     "DatabaseError",
     "DatabaseWarning",
     "FastsearchError",
+    "FeatureExtractor",
     "InternalError",
     "InvalidTarget",
     "InvalidTrace",
@@ -34,9 +39,12 @@ __all__ = [
     "RPCRunner",
     "RemoteError",
     "ScheduleError",
+    "SearchStrategy",
     "TuneResult",
     "UnsupportedWorkload",
+    "WarmStart",
     "__version__",
+    "extract_features",
     "partition",
     "sample",
     "tune",
