@@ -9,7 +9,10 @@ alternating order) and times them in ``--repeat`` interleaved rounds
 (:func:`fastsearch.model_timing.time_interleaved`); the report gives every process's ratio, the
 median over processes, and the median of all per-round ratios pooled.
 
-    python benches/model_retime.py benches/results/resnet18_e2e --processes 5 --repeat 20
+    python benches/model_retime.py /tmp/e2e_r18 --processes 5 --repeat 20
+
+(the ``--out-dir`` of a ``model_e2e.py`` run, which holds its databases; the repository keeps
+only runs' summaries)
 
 Writes ``retime.json`` and ``retime.md`` into the run's directory.
 """

@@ -10,8 +10,11 @@ question the model answers inside a run: which of the search's next proposals is
 Models: the sketch-feature XGBoost of ``fastsearch.cost_model.CostModel`` at several tree depths,
 and the per-store-feature model (``StoreFeatureModel``) on the same candidates.
 
-    python benches/next_batch_ranking.py benches/results/suite256 benches/results/suite256e
-    python benches/next_batch_ranking.py --starts 16 32 48 --window 16 benches/results/suite256
+    python benches/next_batch_ranking.py /tmp/suite256a /tmp/suite256b
+    python benches/next_batch_ranking.py --starts 16 32 48 --window 16 /tmp/suite256a
+
+(``--out-dir`` folders of ``suite.py`` runs whose databases are on disk; the repository keeps
+only runs' summaries)
 """
 
 from __future__ import annotations
