@@ -214,6 +214,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         task_scheduler=args.task_scheduler,
         warm_start=args.warm_start or None,
         pipeline=args.pipeline,
+        layout=args.layout,
         **({"fusion": "search", "fusion_share": args.fusion_share} if args.fusion == "search" else {}),
     )
     if result.warm_start is not None:
@@ -424,6 +425,12 @@ def _parser() -> argparse.ArgumentParser:
         default="inference",
         help="a model's graph pipeline before partitioning: inference (default: batch norm folded, "
         "constants folded, scale and shift moved into weights) or none",
+    )
+    p.add_argument(
+        "--layout",
+        default="NCHW",
+        help="a CNN's activation layout for its convolutions: NCHW (as imported, default) or NCHWc "
+        "(channel-blocked, 8 channels a block; NCHW16c names another block)",
     )
     p.add_argument(
         "--no-end-to-end",

@@ -25,6 +25,10 @@ into the graph that should be tuned:
 ``dead-code``
     ``DeadCodeElimination``: what the folds left unused.
 
+With ``layout="NCHWc"`` (or ``"NCHW{b}c"``), the convolutions and the elementwise work between
+them are rewritten into channel-blocked activations just before ``legalize``
+(:func:`fastsearch.layout.block_channels`); the default ``"NCHW"`` keeps the imported layout.
+
 TVM's ``static_shape_tuning_pipeline`` runs the same first three steps and legalization but
 keeps batch norm as four per-channel operations in every fused kernel's epilogue; onnxruntime
 folds batch norm into the convolution, as ``fold-scale-shift`` does.
@@ -40,6 +44,7 @@ import tvm
 from tvm import relax
 
 from fastsearch.errors import MalformedInput
+from fastsearch.layout import block_channels, legalize_blocked_conv2d, parse_layout
 
 __all__ = ["STEPS", "InferenceReport", "fold_scale_shift", "optimize_for_inference"]
 
@@ -57,17 +62,23 @@ class InferenceReport:
     steps: list[str] = field(default_factory=list)
     folded_ops: int = 0
     folded_anchors: int = 0
+    blocked_convs: int = 0  # convolutions rewritten into channel-blocked layout
 
 
 def optimize_for_inference(
-    mod: tvm.IRModule, steps: Sequence[str] = STEPS, report: InferenceReport | None = None
+    mod: tvm.IRModule,
+    steps: Sequence[str] = STEPS,
+    report: InferenceReport | None = None,
+    layout: str = "NCHW",
 ) -> tvm.IRModule:
     """``mod`` (a Relax model) rewritten for inference by ``steps`` (a subset of
     :data:`STEPS`, run in the order of :data:`STEPS`); outputs are unchanged up to float
-    rounding. ``report``, when given, is filled in."""
+    rounding. ``layout`` (one of :data:`fastsearch.layout.LAYOUTS`, or ``"NCHW{b}c"``) is the
+    activations' layout for convolutions. ``report``, when given, is filled in."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise MalformedInput(f"unknown inference pipeline step(s) {unknown}; steps: {', '.join(STEPS)}")
+    block = parse_layout(layout)
     report = report if report is not None else InferenceReport()
     chosen = set(steps)
     for step in STEPS:
@@ -84,7 +95,11 @@ def optimize_for_inference(
             report.folded_ops += ops
             report.folded_anchors += anchors
         elif step == "legalize":
-            mod = relax.transform.LegalizeOps()(mod)
+            if block is not None:
+                mod, report.blocked_convs = block_channels(mod, block)
+            # Blocked convolutions need fastsearch's rule: TOPI's refuses channel-chunk layouts.
+            legalize = {"relax.nn.conv2d": legalize_blocked_conv2d}
+            mod = relax.transform.LegalizeOps(customize_legalize_map=legalize)(mod)
             mod = relax.transform.AnnotateTIROpPattern()(mod)
             mod = relax.transform.FoldConstant()(mod)
         elif step == "dead-code":

@@ -448,6 +448,7 @@ def tune(
     fusion_min_gain: float = 0.01,
     fusion_rounds: int = 20,
     pipeline: str = "inference",
+    layout: str = "NCHW",
     _groups: list[list[int]] | None = None,
     _rerank: bool = True,
 ) -> TuneResult:
@@ -492,7 +493,11 @@ def tune(
     constants folded, every per-channel scale and shift after a conv or matmul moved into its
     weight and one bias; :mod:`fastsearch.inference`) or ``"none"`` (the model as given).
     ``result.mod`` and ``result.compile()`` are the optimized model; its ``main`` takes the
-    same inputs.
+    same inputs. ``layout`` is the activations' layout the pipeline gives convolutions:
+    ``"NCHW"`` (as imported) or ``"NCHWc"`` (channel-blocked, 8 channels a block, as
+    onnxruntime's MLAS computes; ``"NCHW16c"`` names another block): every convolution whose
+    channels the block divides, depthwise ones included, and the elementwise work between them
+    run blocked, with weights re-laid out at compile time (:mod:`fastsearch.layout`).
 
     Arguments whose names start with an underscore are for fastsearch's own benchmarks and
     experiments (``_rerank=False``: no re-ranking of proposals by per-store features) and may
@@ -510,7 +515,7 @@ def tune(
         raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
     if pipeline == "inference" and is_relax_module(mod):
         assert isinstance(mod, IRModule)
-        mod = optimize_for_inference(mod)
+        mod = optimize_for_inference(mod, layout=layout)
     if fusion == "search":
         assert isinstance(mod, IRModule)
         return tune_searching_fusion(

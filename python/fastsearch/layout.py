@@ -1,0 +1,355 @@
+"""Channel-blocked activations for CNNs on CPU: the ``NCHW{b}c`` layout onnxruntime's MLAS uses.
+
+A model imported from ONNX computes in NCHW. Its convolutions then vectorize along a row of the
+image, and rows of 28, 14 or 7 pixels fill 8- or 16-lane vectors badly. In ``NCHW{b}c`` the
+innermost axis is a block of ``b`` channels, so every convolution, depthwise ones included, and
+every per-channel epilogue can vectorize along channels, whose counts are multiples of 8 in the
+networks people run.
+
+:func:`block_channels` rewrites a Relax model (after the inference pipeline's folds, before
+legalization) so that every convolution whose input and output channels ``b`` divides, and every
+elementwise operation between such tensors and per-channel or scalar constants, runs blocked.
+Weights are re-laid out here, once (``OIHW{b}i{b}o``; depthwise ``OIHW1i{b}o``). Activations are
+transformed where a blocked tensor meets an operation that is not converted (the head's global
+pooling, say) and where a blocked convolution reads an unblocked tensor (the stem's output);
+the partitioner fuses such a transform into its producer's kernel. TOPI cannot legalize blocked
+convolutions in Relax, so :func:`legalize_blocked_conv2d` gives them a TE compute with separate
+channel-chunk and channel-block reduction axes: affine accesses, which fastsearch's sketches tile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax, te, topi
+
+from fastsearch.errors import FastsearchError, MalformedInput
+from fastsearch.tir_import import program_dict
+
+__all__ = ["LAYOUTS", "block_channels", "blocked_layout", "legalize_blocked_conv2d", "parse_layout"]
+
+#: Activation layouts ``tune`` accepts for a CNN: as imported, or channel-blocked in blocks of 8
+#: channels (``"NCHW{b}c"`` names another block).
+LAYOUTS = ("NCHW", "NCHWc")
+
+_BINARY = {
+    "relax.add": relax.op.add,
+    "relax.subtract": relax.op.subtract,
+    "relax.multiply": relax.op.multiply,
+    "relax.divide": relax.op.divide,
+    "relax.maximum": relax.op.maximum,
+    "relax.minimum": relax.op.minimum,
+}
+_UNARY = {"relax.nn.relu": relax.op.nn.relu}
+
+
+def blocked_layout(layout: str) -> int | None:
+    """The channel block ``b`` of a data layout ``NCHW{b}c``; ``None`` for any other layout."""
+    if layout.startswith("NCHW") and layout.endswith("c") and layout[4:-1].isdigit():
+        return int(layout[4:-1])
+    return None
+
+
+def parse_layout(layout: str) -> int | None:
+    """The channel block a ``layout`` argument asks for: ``None`` for ``"NCHW"`` (as imported),
+    8 for ``"NCHWc"``, ``b`` for ``"NCHW{b}c"``."""
+    if layout == "NCHW":
+        return None
+    if layout == "NCHWc":
+        return 8
+    block = blocked_layout(layout)
+    if block is None or block < 1:
+        raise MalformedInput(f"unknown layout {layout!r}; layouts: NCHW, NCHWc, NCHW<b>c (NCHW16c, say)")
+    return block
+
+
+def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        return None
+
+
+def _constant(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def _scalar_clip_op(mod: tvm.IRModule, call: relax.Call) -> str | None:
+    """``"relax.maximum"``/``"relax.minimum"`` when ``call`` is a ``call_tir`` of a PrimFunc that
+    computes ``out[i] = max(x[i], c[0])`` (or ``min``) with a one-element constant ``c``: TVM's
+    ONNX import of Clip, once its NaN checks are folded away. Else ``None``."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+        return None
+    gvar, args = call.args[0], call.args[1]
+    func = mod[gvar] if isinstance(gvar, tvm.ir.GlobalVar) else None
+    fields = list(args.fields) if isinstance(args, relax.Tuple) else []
+    const = _constant(fields[1]) if len(fields) == 2 else None
+    if not isinstance(func, tvm.tirx.PrimFunc) or const is None or const.size != 1:
+        return None
+    try:
+        program = program_dict(func)
+    except FastsearchError:
+        return None
+    blocks = [b for b in program["blocks"] if b["name"] != "root"]
+    if program["params"] != [0, 1, 2] or len(blocks) != 1 or len(blocks[0]["body"]) != 1:
+        return None
+    store = blocks[0]["body"][0]
+    value = store["value"]
+    if store["buffer"] != 2 or value[0] not in ("max", "min"):
+        return None
+    operands = sorted(value[1:], key=lambda e: e[1] if e[0] == "load" else -1)
+    if operands != [["load", 0, store["indices"]], ["load", 1, [["int", 0]]]]:
+        return None
+    return "relax.maximum" if value[0] == "max" else "relax.minimum"
+
+
+class _Blocker:
+    """Rewrites one function's dataflow bindings; see :func:`block_channels`."""
+
+    def __init__(self, mod: tvm.IRModule, block: int) -> None:
+        self.mod = mod
+        self.b = block
+        self.blocked: dict[relax.Var, relax.Var] = {}  # original var -> its blocked twin
+        self.plain: dict[relax.Var, relax.Var] = {}  # original var -> where it is defined plainly
+        self.bindings: list[relax.Binding] = []
+        self.converted = 0
+
+    # -- emitting ------------------------------------------------------------------------------
+
+    def emit(self, name: str, value: relax.Expr, ty: relax.Type) -> relax.Var:
+        var = relax.DataflowVar(name, ty)
+        self.bindings.append(relax.VarBinding(var, value))
+        return var
+
+    def blocked_of(self, var: relax.Var) -> relax.Var:
+        """``var`` blocked: its twin, or a layout transform of it (emitted once)."""
+        if var not in self.blocked:
+            n, c, h, w = _shape(var)  # type: ignore[misc]
+            value = relax.op.layout_transform(
+                var, index_map=lambda i, j, k, m: (i, j // self.b, k, m, j % self.b)
+            )
+            ty = relax.TensorType((n, c // self.b, h, w, self.b), var.ty.dtype)
+            self.blocked[var] = self.emit(f"{var.name}_blocked", value, ty)
+        return self.blocked[var]
+
+    def plain_of(self, var: relax.Var, keep: bool = False) -> relax.Var:
+        """``var`` as the original program defines it, transformed back from its blocked twin
+        when only that was emitted; ``keep`` binds ``var`` itself (a block's output)."""
+        if var in self.plain:
+            return self.plain[var]
+        b = self.b
+        value = relax.op.layout_transform(
+            self.blocked[var], index_map=lambda i, j, k, m, cb: (i, j * b + cb, k, m)
+        )
+        new = var if keep else relax.DataflowVar(var.name, var.ty)
+        self.bindings.append(relax.VarBinding(new, value))
+        self.plain[var] = new
+        return new
+
+    def remap(self, expr: relax.Expr) -> relax.Expr:
+        """``expr`` with every variable the rewrite moved replaced by its plain definition."""
+        if isinstance(expr, relax.Var) and expr in self.blocked and expr not in self.plain:
+            return self.plain_of(expr)
+        if isinstance(expr, relax.Var):
+            return self.plain.get(expr, expr)
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([self.remap(f) for f in expr.fields])
+        if isinstance(expr, relax.Call):
+            return relax.Call(expr.op, [self.remap(a) for a in expr.args], expr.attrs, expr.ty_args)
+        if isinstance(expr, relax.TupleGetItem):
+            return relax.TupleGetItem(self.remap(expr.tuple_value), expr.index)
+        return expr
+
+    # -- conversions -----------------------------------------------------------------------------
+
+    def conv2d(self, var: relax.Var, call: relax.Call) -> bool:
+        a = call.attrs
+        weight = _constant(call.args[1])
+        data = call.args[0]
+        out = _shape(var)
+        if weight is None or out is None or not isinstance(data, relax.Var) or _shape(data) is None:
+            return False
+        if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
+            return False
+        if a.out_dtype is not None and str(a.out_dtype) not in ("", "float32", "void"):
+            return False
+        b, groups = self.b, int(a.groups)
+        cout, cin = weight.shape[0], _shape(data)[1]  # type: ignore[index]
+        depthwise = groups == cin == cout
+        if cout % b or cin % b or not (groups == 1 or depthwise):
+            return False
+        kh, kw = weight.shape[2], weight.shape[3]
+        if depthwise:  # (C, 1, KH, KW) -> (C/b, 1, KH, KW, 1, b)
+            w6 = weight.reshape(cout // b, b, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
+            kernel_layout = f"OIHW1i{b}o"
+        else:  # (O, I, KH, KW) -> (O/b, I/b, KH, KW, b_i, b_o)
+            w6 = weight.reshape(cout // b, b, cin // b, b, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+            kernel_layout = f"OIHW{b}i{b}o"
+        conv = relax.op.nn.conv2d(
+            self.blocked_of(data),
+            relax.const(np.ascontiguousarray(w6, dtype="float32")),
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=groups,
+            data_layout=f"NCHW{b}c",
+            kernel_layout=kernel_layout,
+            out_layout=f"NCHW{b}c",
+        )
+        n, c, h, w = out
+        ty = relax.TensorType((n, c // b, h, w, b), "float32")
+        self.blocked[var] = self.emit(f"{var.name}_blocked", conv, ty)
+        self.converted += 1
+        return True
+
+    def operand(self, arg: relax.Expr, like: tuple[int, ...]) -> relax.Expr | None:
+        """A binary op's operand in the blocked program: a blocked tensor of the same shape as
+        ``like`` (the plain shape), a per-channel constant re-laid out, or a scalar constant."""
+        if isinstance(arg, relax.Var) and arg in self.blocked and _shape(arg) == like:
+            return self.blocked[arg]
+        const = _constant(arg)
+        if const is None or const.dtype != np.float32:
+            return None
+        if const.size == 1:
+            return relax.const(const.reshape(()))
+        c = like[1]
+        shape = (1,) * (4 - const.ndim) + tuple(const.shape) if const.ndim <= 4 else None
+        if shape is None or shape != (1, c, 1, 1):
+            return None
+        return relax.const(np.ascontiguousarray(const.reshape(1, c // self.b, 1, 1, self.b)))
+
+    def elementwise(self, var: relax.Var, call: relax.Call, op_name: str, args: list[relax.Expr]) -> bool:
+        like = _shape(var)
+        if (
+            like is None
+            or len(like) != 4
+            or not any(isinstance(x, relax.Var) and x in self.blocked for x in args)
+        ):
+            return False
+        if op_name in _UNARY:
+            value = _UNARY[op_name](self.blocked[args[0]])
+        else:
+            lhs, rhs = (self.operand(x, like) for x in args)
+            if lhs is None or rhs is None:
+                return False
+            value = _BINARY[op_name](lhs, rhs)
+        n, c, h, w = like
+        ty = relax.TensorType((n, c // self.b, h, w, self.b), "float32")
+        self.blocked[var] = self.emit(f"{var.name}_blocked", value, ty)
+        return True
+
+    def binding(self, binding: relax.Binding) -> None:
+        var, value = binding.var, binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            name = value.op.name
+            if name == "relax.nn.conv2d" and self.conv2d(var, value):
+                return
+            if (name in _BINARY or name in _UNARY) and self.elementwise(var, value, name, list(value.args)):
+                return
+            clip = _scalar_clip_op(self.mod, value)
+            if clip is not None:
+                fields = list(value.args[1].fields)
+                if self.elementwise(var, value, clip, fields):
+                    return
+        self.bindings.append(
+            relax.VarBinding(var, self.remap(value)) if isinstance(binding, relax.VarBinding) else binding
+        )
+        self.plain[var] = var
+
+
+def block_channels(mod: tvm.IRModule, block: int = 8) -> tuple[tvm.IRModule, int]:
+    """``mod`` with its convolutions (and the elementwise work between them) in ``NCHW{block}c``;
+    returns the module and how many convolutions were converted. Outputs are unchanged: the
+    model's inputs and outputs keep their layouts, and the arithmetic is the same."""
+    updates = {}
+    converted = 0
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        blocker = _Blocker(mod, block)
+        blocks = []
+        for blk in func.body.blocks:
+            if not isinstance(blk, relax.DataflowBlock):
+                blocks.append(blk)
+                continue
+            blocker.bindings = []
+            for binding in blk.bindings:
+                blocker.binding(binding)
+            # A var the block outputs is defined plainly, as itself.
+            for binding in blk.bindings:
+                if not isinstance(binding.var, relax.DataflowVar):
+                    blocker.plain_of(binding.var, keep=True)
+            blocks.append(relax.DataflowBlock(blocker.bindings))
+        if blocker.converted:
+            body = relax.SeqExpr(blocks, blocker.remap(func.body.body))
+            updates[gvar] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+            converted += blocker.converted
+    if not updates:
+        return mod, 0
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gvar, func in updates.items():
+        out[gvar] = func
+    out = relax.transform.Normalize()(out)
+    return relax.transform.DeadCodeElimination()(out), converted
+
+
+def _blocked_conv_te(
+    data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any, dilation: Any, depthwise: bool
+) -> te.Tensor:
+    n, cc, h, w, b = (int(d) for d in data.shape)
+    oc = int(kernel.shape[0])
+    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    pt, pl, pb, pr = (int(p) for p in padding)
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0], name="pad_temp")
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    if depthwise:
+        return te.compute(
+            (n, oc, oh, ow, b),
+            lambda i, c, y, x, cb: te.sum(
+                data[i, c, y * sh + rh * dh, x * sw + rw * dw, cb] * kernel[c, 0, rh, rw, 0, cb],
+                axis=[rh, rw],
+            ),
+            name="depthwise_conv2d_nchwc",
+        )
+    rc = te.reduce_axis((0, cc), name="rc")
+    rb = te.reduce_axis((0, b), name="rb")
+    return te.compute(
+        (n, oc, oh, ow, int(kernel.shape[5])),
+        lambda i, c, y, x, cb: te.sum(
+            data[i, rc, y * sh + rh * dh, x * sw + rw * dw, rb] * kernel[c, rc, rh, rw, rb, cb],
+            axis=[rc, rh, rw, rb],
+        ),
+        name="conv2d_nchwc",
+    )
+
+
+def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``LegalizeOps``' rule for ``relax.nn.conv2d``: blocked layouts get fastsearch's TE compute,
+    every other layout TVM's own rule."""
+    a = call.attrs
+    if blocked_layout(str(a.data_layout)) is None:
+        from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
+
+        return _nn_conv2d(bb, call)
+    depthwise = int(a.groups) > 1
+    return bb.call_te(
+        _blocked_conv_te,
+        call.args[0],
+        call.args[1],
+        a.strides,
+        a.padding,
+        a.dilation,
+        depthwise,
+        primfunc_name_hint="conv2d",
+    )

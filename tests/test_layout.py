@@ -1,0 +1,113 @@
+"""Channel-blocked activations (fastsearch.layout): outputs equal ONNX's reference evaluator, the
+convolutions and their epilogues really run blocked, and a tuned blocked model is correct."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch import MalformedInput
+from fastsearch.inference import InferenceReport, optimize_for_inference
+from fastsearch.layout import block_channels, parse_layout
+from fastsearch.relax_tasks import extract_tasks
+from fastsearch.tune import tune
+from tvm import relax
+from tvm.relax import op as R
+
+pytest.importorskip("onnx", reason="the ONNX zoo needs onnx")
+from fastsearch import onnx_zoo
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+
+def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    while not hasattr(out, "numpy"):
+        out = out[0]
+    return out.numpy()
+
+
+def _close(got: np.ndarray, ref: np.ndarray) -> None:
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("name", ["mobilenet-v2-small", "resnet-18-small", "inception-block-small"])
+@pytest.mark.parametrize("layout", ["NCHWc", "NCHW16c"])
+def test_blocked_models_compute_the_reference_outputs(name: str, layout: str) -> None:
+    model = onnx_zoo.build(name)
+    feeds = onnx_zoo.model_input(model)
+    ref = onnx_zoo.reference_outputs(model, feeds)[0]
+    report = InferenceReport()
+    mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout=layout)
+    assert report.blocked_convs > 0, name
+    _close(_run(mod, list(feeds.values())), ref)
+    fused, _ = extract_tasks(mod)
+    _close(_run(fused, list(feeds.values())), ref)
+
+
+def test_mobilenet_runs_blocked_from_the_first_depthwise_conv_to_the_head() -> None:
+    model = onnx_zoo.build("mobilenet-v2-small")
+    report = InferenceReport()
+    mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
+    # 10 convolutions: the stem reads 3 channels and stays NCHW; the other 9, the three
+    # depthwise ones among them, run blocked.
+    assert report.blocked_convs == 9
+    _, tasks = extract_tasks(mod)
+    names = [t.name for t in tasks if t.skip is None]
+    convs = [t for t in tasks if "conv2d" in t.name]
+    assert len(convs) == 10, names
+    blocked = [t for t in convs if len(t.func.params[-1].shape) == 5]
+    assert len(blocked) == 9, names
+    # Each blocked conv keeps its whole epilogue (bias, ReLU6, residual add) in its kernel, and
+    # the activations change layout only twice: after the stem and before the pooling.
+    assert all("_add" in t.name for t in blocked), names
+    assert sum(1 for n in names if "layout_transform" in n) == 2, names
+
+
+def test_channels_the_block_does_not_divide_stay_as_they_are() -> None:
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 12, 6, 6), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((12, 12, 3, 3)).astype("float32"))
+            out = bb.emit_output(R.nn.relu(R.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    same, converted = block_channels(mod, 8)
+    assert converted == 0 and same is mod
+    _, converted = block_channels(mod, 4)
+    assert converted == 1
+
+
+def test_layout_arguments() -> None:
+    assert parse_layout("NCHW") is None
+    assert parse_layout("NCHWc") == 8
+    assert parse_layout("NCHW16c") == 16
+    for bad in ("NHWC", "NCHW0c", "nchwc", ""):
+        with pytest.raises(MalformedInput, match="layout"):
+            parse_layout(bad)
+
+
+def test_a_tuned_blocked_model_matches_the_reference(tmp_path) -> None:
+    model = onnx_zoo.build("mobilenet-v2-small")
+    feeds = onnx_zoo.model_input(model)
+    ref = onnx_zoo.reference_outputs(model, feeds)[0]
+    result = tune(
+        onnx_zoo.load(model),
+        TARGET,
+        trials=24,
+        batch_size=8,
+        work_dir=tmp_path,
+        progress=False,
+        layout="NCHWc",
+    )
+    tuned = [t for t in result.tasks.values() if t.skipped is None and t.best_latency_us is not None]
+    assert any(len(t.mod["main"].params[-1].shape) == 5 for t in tuned)
+    out = relax.VirtualMachine(result.compile(), tvm.cpu())["main"](
+        *[tvm.runtime.tensor(a) for a in feeds.values()]
+    )
+    while not hasattr(out, "numpy"):
+        out = out[0]
+    _close(out.numpy(), ref)
