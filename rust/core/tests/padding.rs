@@ -139,3 +139,30 @@ fn the_model_prices_where_the_padding_goes() {
     assert!(cost(Rule::Root) < cost(at(10)));
     assert!(cost(Rule::Root) < cost(Rule::Inline));
 }
+
+#[test]
+fn a_convolution_fuses_its_epilogue_into_its_tiles() {
+    // The epilogue (bias, activation) follows the convolution in program order, and rules are
+    // drawn consumers first: it must still be left for the convolution to fuse.
+    let (text, p) = cbr();
+    let space = SketchSpace::new(&p);
+    let target = CpuTarget::new(2);
+    let conv = block(&p, "Conv2dOutput");
+    let mut fused = 0;
+    for i in 0..200 {
+        let g = space.draw(&p, &target, &mut Rng::derive(5, i));
+        if let Rule::Tile {
+            cache: WriteCache::FusedConsumer(c),
+            ..
+        } = &g.rules[&conv]
+        {
+            assert!(!space.inlined.contains(c));
+            assert!(matches!(g.rules.get(c), Some(Rule::Root) | None));
+            fused += 1;
+            let trace = emit(&p, &space, &g).to_string();
+            apply_trace(&text, &trace, true).unwrap_or_else(|e| panic!("{e}: {trace}"));
+        }
+    }
+    // One of three write-cache choices at each tiling level.
+    assert!(fused > 40, "{fused} of 200 draws fuse the epilogue");
+}

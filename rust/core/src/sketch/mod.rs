@@ -17,7 +17,7 @@ mod tile;
 mod trace_builder;
 mod transfer;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -253,7 +253,23 @@ impl SketchSpace {
         }
         // Blocks already fused into a producer's tile, or hosting nothing yet.
         let mut fused: HashSet<usize> = HashSet::new();
-        for info in self.infos.iter().rev() {
+        // Blocks are visited consumers first, so that a producer sees where its consumers are.
+        // A consumer its tiled producer may fuse (a conv's bias, activation and residual add)
+        // waits until that producer has chosen: a rule of its own, drawn first, would rule the
+        // fusion out (and did, for every epilogue).
+        let fusable = self.fusable_consumers(program);
+        let order = self
+            .infos
+            .iter()
+            .rev()
+            .filter(|i| !fusable.contains(&i.block))
+            .chain(
+                self.infos
+                    .iter()
+                    .rev()
+                    .filter(|i| fusable.contains(&i.block)),
+            );
+        for info in order {
             if rules.contains_key(&info.block) || fused.contains(&info.block) {
                 continue;
             }
@@ -405,6 +421,25 @@ impl SketchSpace {
 
     /// A consumer that can be moved under the producer's tile: spatial, at the root, reading
     /// the producer's output at exactly its own iteration point.
+    /// The blocks that are the single, fusable consumer of a block multi-level tiling applies
+    /// to (before any rule is drawn).
+    fn fusable_consumers(&self, program: &Program) -> HashSet<usize> {
+        let none = BTreeMap::new();
+        self.infos
+            .iter()
+            .filter(|p| {
+                p.simple_loops
+                    && p.reuse
+                    && !self.inlined.contains(&p.block)
+                    && !self.optional_inline.contains(&p.block)
+            })
+            .filter_map(|p| match self.consumers(p.block).as_slice() {
+                [c] if self.fusable_consumer(program, p, *c, &none) => Some(*c),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn fusable_consumer(
         &self,
         program: &Program,
@@ -416,24 +451,48 @@ impl SketchSpace {
         if !ci.spatial || !ci.simple_loops || rules.contains_key(&c) {
             return false;
         }
-        let cb = &program.blocks[c];
         let pb = &program.blocks[producer.block];
         let n_spatial = pb
             .iter_vars
             .iter()
             .filter(|v| v.kind == IterKind::Spatial)
             .count();
-        cb.iter_vars.len() == n_spatial
-            && cb
-                .reads
-                .iter()
-                .filter(|r| producer.writes.contains(&r.buffer))
-                .all(|r| {
-                    r.region.iter().zip(&cb.iter_vars).all(|((min, ext), v)| {
-                        matches!(min, Expr::Var(n) if *n == v.name) && ext.as_int() == Some(1)
-                    })
+        // The producer's values reach the consumer directly or through inlined elementwise
+        // blocks (a bias add, then max and min): each must read them point for point.
+        let mut carried = producer.writes.clone();
+        for info in &self.infos {
+            if self.inlined.contains(&info.block) && info.reads.iter().any(|r| carried.contains(r))
+            {
+                if !Self::reads_pointwise(program, info.block, &carried, n_spatial) {
+                    return false;
+                }
+                carried.extend(info.writes.iter().copied());
+            }
+        }
+        Self::reads_pointwise(program, c, &carried, n_spatial)
+    }
+
+    /// Whether `block` has `n_spatial` iteration variables, reads some buffer of `buffers`, and
+    /// reads each at exactly its own iteration point.
+    fn reads_pointwise(
+        program: &Program,
+        block: usize,
+        buffers: &BTreeSet<usize>,
+        n_spatial: usize,
+    ) -> bool {
+        let b = &program.blocks[block];
+        let mut reads = b
+            .reads
+            .iter()
+            .filter(|r| buffers.contains(&r.buffer))
+            .peekable();
+        b.iter_vars.len() == n_spatial
+            && reads.peek().is_some()
+            && reads.all(|r| {
+                r.region.iter().zip(&b.iter_vars).all(|((min, ext), v)| {
+                    matches!(min, Expr::Var(n) if *n == v.name) && ext.as_int() == Some(1)
                 })
-            && cb.reads.iter().any(|r| producer.writes.contains(&r.buffer))
+            })
     }
 
     fn rfactor_applies(&self, program: &Program, info: &BlockInfo) -> bool {
