@@ -428,9 +428,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--layout",
-        default="NCHW",
-        help="a CNN's activation layout for its convolutions: NCHW (as imported, default) or NCHWc "
-        "(channel-blocked, 8 channels a block; NCHW16c names another block)",
+        default="NCHWc",
+        help="a CNN's activation layout for its convolutions: NCHWc (channel-blocked, 8 channels a "
+        "block, default; NCHW16c names another block) or NCHW (as imported)",
     )
     p.add_argument(
         "--no-end-to-end",

@@ -243,6 +243,25 @@ class _Blocker:
         self.blocked[var] = self.emit(f"{var.name}_blocked", value, ty)
         return True
 
+    def spatial_mean(self, var: relax.Var, call: relax.Call) -> bool:
+        """Global average pooling (``mean`` over H and W, dims kept) of a blocked tensor, blocked:
+        the blocked result is as small as the plain one, so only it is transformed back."""
+        data = call.args[0]
+        shape = _shape(var)
+        axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
+        if not (
+            isinstance(data, relax.Var) and data in self.blocked and shape is not None and len(shape) == 4
+        ):
+            return False
+        if sorted(a % 4 for a in axes) != [2, 3] or not bool(call.attrs.keepdims):
+            return False
+        n, c, _, _ = shape
+        value = relax.op.mean(self.blocked[data], axis=[2, 3], keepdims=True)
+        self.blocked[var] = self.emit(
+            f"{var.name}_blocked", value, relax.TensorType((n, c // self.b, 1, 1, self.b), "float32")
+        )
+        return True
+
     def binding(self, binding: relax.Binding) -> None:
         var, value = binding.var, binding.value
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
@@ -250,6 +269,8 @@ class _Blocker:
             if name == "relax.nn.conv2d" and self.conv2d(var, value):
                 return
             if (name in _BINARY or name in _UNARY) and self.elementwise(var, value, name, list(value.args)):
+                return
+            if name == "relax.mean" and self.spatial_mean(var, value):
                 return
             clip = _scalar_clip_op(self.mod, value)
             if clip is not None:

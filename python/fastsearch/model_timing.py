@@ -115,62 +115,70 @@ def time_in_fresh_processes(
     hollow: str | os.PathLike[str] | None = None,
 ) -> FreshTiming:
     """Time exported Relax VM libraries (``name -> path`` of ``exe.export_library``) and, when
-    given and installed, ``onnx_file`` under onnxruntime (as ``"onnxruntime"``), in
-    ``processes`` fresh processes of ``rounds`` interleaved rounds each, every one on
-    ``threads`` threads (``TVM_NUM_THREADS``; onnxruntime's intra-op threads). ``profile``
-    names a library whose every VM call the first process also times (:func:`profile_model`);
-    ``hollow``, that library built from :func:`hollow_kernels`, gives the profile the VM's own
-    time."""
-    names = list(libraries)
+    given and installed, ``onnx_file`` under onnxruntime (as ``"onnxruntime"``), ``processes``
+    times in fresh processes of ``rounds`` interleaved rounds each, every one on ``threads``
+    threads (``TVM_NUM_THREADS``; onnxruntime's intra-op threads). ``profile`` names a library
+    whose every VM call the first process also times (:func:`profile_model`); ``hollow``, that
+    library built from :func:`hollow_kernels`, gives the profile the VM's own time.
+
+    onnxruntime runs in processes of its own, each right before or after (alternately) one of
+    the TVM libraries' processes, and its round ``r`` pairs with their round ``r``: each
+    runtime's thread pool keeps its threads spinning between calls, and in one process the two
+    pools took each other's cores (a tuned model read 1.7x slower beside onnxruntime than
+    alone on a 2-core machine, onnxruntime about 1.3x)."""
+    use_ort = onnx_file is not None and _has_onnxruntime()
+    names = list(libraries) + (["onnxruntime"] if use_ort else [])
+    env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    outputs: dict[str, np.ndarray] = {}
+    found: VMProfile | None = None
     with tempfile.TemporaryDirectory(prefix="fastsearch_timing_") as tmp:
         np.savez(Path(tmp) / "inputs.npz", *inputs)
-        spec = {
-            "libraries": {n: str(p) for n, p in libraries.items()},
-            "onnx": str(onnx_file) if onnx_file is not None and _has_onnxruntime() else None,
+        base = {
             "inputs": str(Path(tmp) / "inputs.npz"),
             "threads": threads,
             "rounds": rounds,
             "min_repeat_ms": min_repeat_ms,
-            "profile": profile,
             "hollow": str(hollow) if hollow is not None else None,
         }
-        if spec["onnx"]:
-            names.append("onnxruntime")
-        env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-        times: dict[str, list[float]] = {n: [] for n in names}
-        outputs: dict[str, np.ndarray] = {}
-        found: VMProfile | None = None
         for p in range(processes):
-            spec["first"] = p  # which model each process's first round starts with
-            spec["profile"] = profile if p == 0 else None
-            spec_path = Path(tmp) / "spec.json"
-            out_path = Path(tmp) / f"out{p}.npz"
-            spec["out"] = str(out_path)
-            spec_path.write_text(json.dumps(spec))
-            proc = subprocess.run(
-                [sys.executable, "-m", "fastsearch.model_timing", str(spec_path)],
-                env=env,
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-            )
-            if proc.returncode != 0:
-                raise MeasurementError(
-                    f"timing the models in a fresh process failed: {proc.stderr.strip()[-2000:]}"
-                )
-            with np.load(out_path) as data:
-                for n in names:
+            tvm_spec = {
+                **base,
+                "libraries": {n: str(path) for n, path in libraries.items()},
+                "onnx": None,
+                "first": p,  # which model each process's first round starts with
+                "profile": profile if p == 0 else None,
+            }
+            ort_spec = {**base, "libraries": {}, "onnx": str(onnx_file), "first": 0, "profile": None}
+            specs = [tvm_spec] + ([ort_spec] if use_ort else [])
+            for spec in specs if p % 2 == 0 else reversed(specs):
+                data = _run_child(spec, Path(tmp), f"{p}_{len(spec['libraries'])}", env, timeout_s)
+                for n in [*spec["libraries"], *(["onnxruntime"] if spec["onnx"] else [])]:
                     times[n].extend(float(x) for x in data[f"times/{n}"])
-                    if p == 0:
-                        outputs[n] = data[f"output/{n}"]
-                if "profile" in data.files:
+                    outputs.setdefault(n, data[f"output/{n}"])
+                if "profile" in data:
                     rows = json.loads(str(data["profile"]))
-                    found = VMProfile(
-                        rows=[ProfileRow(**r) for r in rows.pop("rows")],
-                        **rows,
-                    )
+                    found = VMProfile(rows=[ProfileRow(**r) for r in rows.pop("rows")], **rows)
     return FreshTiming(times=times, outputs=outputs, threads=threads, processes=processes, profile=found)
+
+
+def _run_child(spec: dict, tmp: Path, tag: str, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run :func:`_child` on ``spec`` in a fresh interpreter; its arrays by name."""
+    spec = {**spec, "out": str(tmp / f"out{tag}.npz")}
+    spec_path = tmp / f"spec{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastsearch.model_timing", str(spec_path)],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if proc.returncode != 0:
+        raise MeasurementError(f"timing the models in a fresh process failed: {proc.stderr.strip()[-2000:]}")
+    with np.load(spec["out"]) as data:
+        return {k: data[k] for k in data.files}
 
 
 def _has_onnxruntime() -> bool:
