@@ -359,10 +359,18 @@ def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
     """``LegalizeOps``' rule for ``relax.nn.conv2d``: blocked layouts get fastsearch's TE compute,
     every other layout TVM's own rule."""
     a = call.attrs
-    if blocked_layout(str(a.data_layout)) is None:
-        from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
-
-        return _nn_conv2d(bb, call)
+    block = blocked_layout(str(a.data_layout))
+    data = _shape(call.args[0])
+    channels = data[1] * data[4] if data is not None and len(data) == 5 else None
+    # Ours: dense or depthwise, with the kernel layouts block_channels writes; TVM's rule
+    # otherwise (it declines channel-chunk layouts and leaves the call as it is).
+    ours = block is not None and str(a.out_layout) == str(a.data_layout) and channels is not None
+    ours = ours and (
+        (int(a.groups) == 1 and str(a.kernel_layout) == f"OIHW{block}i{block}o")
+        or (int(a.groups) == channels and str(a.kernel_layout) == f"OIHW1i{block}o")
+    )
+    if not ours:
+        return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
     depthwise = int(a.groups) > 1
     return bb.call_te(
         _blocked_conv_te,
