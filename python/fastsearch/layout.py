@@ -10,9 +10,9 @@ networks people run.
 legalization) so that every convolution whose input and output channels ``b`` divides, and every
 elementwise operation between such tensors and per-channel or scalar constants, runs blocked.
 Weights are re-laid out here, once (``OIHW{b}i{b}o``; depthwise ``OIHW1i{b}o``). Activations are
-transformed where a blocked tensor meets an operation that is not converted (the head's global
-pooling, say) and where a blocked convolution reads an unblocked tensor (the stem's output);
-the partitioner fuses such a transform into its producer's kernel. TOPI cannot legalize blocked
+transformed where a blocked tensor meets an operation that is not converted (the reshape after
+global pooling, say) and where a blocked convolution reads an unblocked tensor (the stem's output):
+each such transform is a small kernel of its own. TOPI cannot legalize blocked
 convolutions in Relax, so :func:`legalize_blocked_conv2d` gives them a TE compute with separate
 channel-chunk and channel-block reduction axes: affine accesses, which fastsearch's sketches tile.
 """
@@ -121,20 +121,23 @@ class _Blocker:
 
     # -- emitting ------------------------------------------------------------------------------
 
-    def emit(self, name: str, value: relax.Expr, ty: relax.Type) -> relax.Var:
-        var = relax.DataflowVar(name, ty)
-        self.bindings.append(relax.VarBinding(var, value))
-        return var
+    def emit_twin(self, var: relax.Var, value: relax.Expr) -> relax.Var:
+        """Bind ``value``, the blocked form of ``var`` (a plain NCHW tensor), as ``var``'s twin."""
+        n, c, h, w = _shape(var)  # type: ignore[misc]
+        twin = relax.DataflowVar(
+            f"{var.name}_blocked", relax.TensorType((n, c // self.b, h, w, self.b), var.ty.dtype)
+        )
+        self.bindings.append(relax.VarBinding(twin, value))
+        self.blocked[var] = twin
+        return twin
 
     def blocked_of(self, var: relax.Var) -> relax.Var:
         """``var`` blocked: its twin, or a layout transform of it (emitted once)."""
         if var not in self.blocked:
-            n, c, h, w = _shape(var)  # type: ignore[misc]
-            value = relax.op.layout_transform(
-                var, index_map=lambda i, j, k, m: (i, j // self.b, k, m, j % self.b)
+            b = self.b
+            self.emit_twin(
+                var, relax.op.layout_transform(var, index_map=lambda i, j, k, m: (i, j // b, k, m, j % b))
             )
-            ty = relax.TensorType((n, c // self.b, h, w, self.b), var.ty.dtype)
-            self.blocked[var] = self.emit(f"{var.name}_blocked", value, ty)
         return self.blocked[var]
 
     def plain_of(self, var: relax.Var, keep: bool = False) -> relax.Var:
@@ -201,9 +204,7 @@ class _Blocker:
             kernel_layout=kernel_layout,
             out_layout=f"NCHW{b}c",
         )
-        n, c, h, w = out
-        ty = relax.TensorType((n, c // b, h, w, b), "float32")
-        self.blocked[var] = self.emit(f"{var.name}_blocked", conv, ty)
+        self.emit_twin(var, conv)
         self.converted += 1
         return True
 
@@ -223,7 +224,7 @@ class _Blocker:
             return None
         return relax.const(np.ascontiguousarray(const.reshape(1, c // self.b, 1, 1, self.b)))
 
-    def elementwise(self, var: relax.Var, call: relax.Call, op_name: str, args: list[relax.Expr]) -> bool:
+    def elementwise(self, var: relax.Var, op_name: str, args: list[relax.Expr]) -> bool:
         like = _shape(var)
         if (
             like is None
@@ -238,9 +239,7 @@ class _Blocker:
             if lhs is None or rhs is None:
                 return False
             value = _BINARY[op_name](lhs, rhs)
-        n, c, h, w = like
-        ty = relax.TensorType((n, c // self.b, h, w, self.b), "float32")
-        self.blocked[var] = self.emit(f"{var.name}_blocked", value, ty)
+        self.emit_twin(var, value)
         return True
 
     def spatial_mean(self, var: relax.Var, call: relax.Call) -> bool:
@@ -255,11 +254,7 @@ class _Blocker:
             return False
         if sorted(a % 4 for a in axes) != [2, 3] or not bool(call.attrs.keepdims):
             return False
-        n, c, _, _ = shape
-        value = relax.op.mean(self.blocked[data], axis=[2, 3], keepdims=True)
-        self.blocked[var] = self.emit(
-            f"{var.name}_blocked", value, relax.TensorType((n, c // self.b, 1, 1, self.b), "float32")
-        )
+        self.emit_twin(var, relax.op.mean(self.blocked[data], axis=[2, 3], keepdims=True))
         return True
 
     def binding(self, binding: relax.Binding) -> None:
@@ -268,14 +263,14 @@ class _Blocker:
             name = value.op.name
             if name == "relax.nn.conv2d" and self.conv2d(var, value):
                 return
-            if (name in _BINARY or name in _UNARY) and self.elementwise(var, value, name, list(value.args)):
+            if (name in _BINARY or name in _UNARY) and self.elementwise(var, name, list(value.args)):
                 return
             if name == "relax.mean" and self.spatial_mean(var, value):
                 return
             clip = _scalar_clip_op(self.mod, value)
             if clip is not None:
                 fields = list(value.args[1].fields)
-                if self.elementwise(var, value, clip, fields):
+                if self.elementwise(var, clip, fields):
                     return
         self.bindings.append(
             relax.VarBinding(var, self.remap(value)) if isinstance(binding, relax.VarBinding) else binding
