@@ -3,7 +3,7 @@
 A run's build time is the sum over its candidates; this says which candidates it went to, with
 each one's genome (rules, tiles, unroll index) and the latency it measured:
 
-    python benches/build_times.py --out-dir benches/results/suite256zen5threads \
+    python benches/build_times.py --out-dir ~/fastsearch-runs/suite256 \
         --run run_TBG_0_s2_t256 --first 64 --last 96
 
 Each candidate is replayed from the run's database and compiled with ``tvm.compile`` in this

@@ -5,7 +5,7 @@ seed, the proposals of ``_core.propose`` with no records (analytical model only)
 Evolving on the analytical score alone can hurt: it finds the candidates the model over-rates
 most. This is the measurement behind ``fastsearch.search.COLD_GENERATIONS``:
 
-    python benches/first_batch.py --seeds 0 1 2 --out benches/results/first_batch/first_batch.json
+    python benches/first_batch.py --seeds 0 1 2 --out ~/fastsearch-runs/first_batch/first_batch.json
 """
 
 from __future__ import annotations

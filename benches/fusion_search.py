@@ -9,7 +9,7 @@ not tuned again (its recorded wall time is kept): delete ``OUT/MODEL/search`` to
 search against the same rule-based run.
 
     python benches/fusion_search.py --models bert-layer resnet-18 --trials 300 \\
-        --out-dir benches/results/fusion_search
+        --out-dir ~/fastsearch-runs/fusion_search
 """
 
 from __future__ import annotations

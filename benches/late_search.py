@@ -10,7 +10,7 @@ run's ``work_dir``): the share of late records whose trace differs from the best
 instructions (not only in its decisions), and its improvements (S: other instructions, else how many
 decisions differ). Writes ``late_search.md`` into the out-dir:
 
-    python benches/late_search.py --out-dir benches/results/suite256zen4
+    python benches/late_search.py --out-dir ~/fastsearch-runs/suite256
 """
 
 from __future__ import annotations

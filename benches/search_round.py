@@ -8,7 +8,7 @@ scores (``rerank``) and TVM's replay of the batch (``replay``). Nothing is measu
 Rounds of different code can be compared side by side by running this script from each
 installation in turn on the same suite.
 
-    python benches/search_round.py --out-dir benches/results/suite256zen5 --records 64 160 240
+    python benches/search_round.py --out-dir ~/fastsearch-runs/suite256 --records 64 160 240
 """
 
 from __future__ import annotations

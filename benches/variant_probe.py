@@ -2,7 +2,7 @@
 MetaSchedule record, where its padding is computed. Shows how much a single decision is worth
 on this machine (what the analytical model has to know), on the suite's own records:
 
-    python benches/variant_probe.py benches/results/suite64zen4/run_DEP_1_s0_t64.json \\
+    python benches/variant_probe.py ~/fastsearch-runs/suite64/run_DEP_1_s0_t64.json \\
         --tuner metaschedule --rank 0 --locations -2 -1 7
 
 prints the record's own decisions, then every (location, unroll) variant re-timed side by side
