@@ -26,12 +26,11 @@ from pathlib import Path
 import numpy as np
 import tvm
 from fastsearch import _core
-from fastsearch.cli import load_workload
-from fastsearch.cost_model import pairwise_accuracy
-from fastsearch.machine import machine_of
-from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
-from fastsearch.target import resolve_target
-from fastsearch.tir_import import program_json
+from fastsearch.cli.main import load_workload
+from fastsearch.costmodel.learned import pairwise_accuracy
+from fastsearch.ir.machine import fma_per_cycle, machine_of, num_cores, vector_bytes
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import program_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_keys import measure_keys
@@ -61,7 +60,7 @@ def measure(workload: str, n: int, seed: int, target: tvm.target.Target, out_dir
 
 def score(path: Path, speedup: str | None = None) -> dict[str, float]:
     """Accuracy of the analytical model on one measured file; ``speedup`` ("linear" or a number)
-    replaces the machine's measured parallel speedup (:mod:`fastsearch.machine`)."""
+    replaces the machine's measured parallel speedup (:mod:`fastsearch.ir.machine`)."""
     doc = json.loads(path.read_text())
     target = resolve_target(doc["target"])
     if speedup is None:

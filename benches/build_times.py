@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import tvm
-from fastsearch.cli import load_workload
+from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

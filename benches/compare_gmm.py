@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import tvm
-from fastsearch.cli import load_workload, workload_flops
-from fastsearch.measure import build_module, random_arguments
-from fastsearch.target import physical_cores, resolve_target
-from fastsearch.tune import TuneResult, tune
+from fastsearch.cli.main import load_workload, workload_flops
+from fastsearch.ir.target import physical_cores, resolve_target
+from fastsearch.measure.measurer import build_module, random_arguments
+from fastsearch.tuning.tune import TuneResult, tune
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 

@@ -1,4 +1,4 @@
-"""fastsearch.tvm.SearchStrategy against MetaSchedule's EvolutionarySearch, both inside ``tune_tir``.
+"""fastsearch.metaschedule.SearchStrategy against MetaSchedule's EvolutionarySearch, both inside ``tune_tir``.
 
 Same workloads, trials, builder, runner and seeds; fastsearch runs with its drop-in CostModel,
 MetaSchedule with its defaults (EvolutionarySearch, XGBModel). Each run's best schedule is
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from fastsearch import tvm as fst
-from fastsearch.measure import build_module, random_arguments
-from fastsearch.target import resolve_target
+from fastsearch import metaschedule as fst
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import build_module, random_arguments
 from tvm.s_tir import meta_schedule as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -65,7 +65,7 @@ def tune(
 
 def _suite_shapes(args: argparse.Namespace, target: tvm.target.Target) -> int:
     """Both sides on the suite's shapes; each pair of bests re-timed in fresh processes."""
-    from fastsearch.cli import load_workload
+    from fastsearch.cli.main import load_workload
 
     lines = [
         (

@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 import tvm
+from fastsearch.costmodel.features import design_space_candidates, extract_features_json
 from fastsearch.errors import FastsearchError
-from fastsearch.features import design_space_candidates, extract_features_json
-from fastsearch.loop_nest import trace_json
-from fastsearch.tir_import import program_json
+from fastsearch.ir.loop_nest import trace_json
+from fastsearch.ir.tir_import import program_json
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 

@@ -3,7 +3,7 @@ seed, the proposals of ``_core.propose`` with no records (analytical model only)
 (population, generations) setting are measured together, and the best of each batch compared.
 
 Evolving on the analytical score alone can hurt: it finds the candidates the model over-rates
-most. This is the measurement behind ``fastsearch.search.COLD_GENERATIONS``:
+most. This is the measurement behind ``fastsearch.search.guided.COLD_GENERATIONS``:
 
     python benches/first_batch.py --seeds 0 1 2 --out ~/fastsearch-runs/first_batch/first_batch.json
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 from fastsearch import _core
-from fastsearch.cli import load_workload
-from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
-from fastsearch.target import resolve_target
-from fastsearch.tir_import import program_json
+from fastsearch.cli.main import load_workload
+from fastsearch.ir.machine import fma_per_cycle, num_cores, vector_bytes
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import program_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_keys import measure_keys

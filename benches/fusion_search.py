@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 import tvm
-from fastsearch.model_timing import paired_ratios, time_interleaved
-from fastsearch.models import load_model, model_inputs
-from fastsearch.partition import partition
-from fastsearch.target import resolve_target
-from fastsearch.tune import tune
+from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_interleaved
+from fastsearch.graph.partition import partition
+from fastsearch.ir.target import resolve_target
+from fastsearch.testing.relax_models import load_model
+from fastsearch.tuning.tune import tune
 from run_meta import run_metadata
 
 

@@ -80,7 +80,7 @@ def summarize(per_process: list[list[float]]) -> dict[str, Any]:
 
 def _worker(spec_path: str, repeat: int, index: int) -> None:
     import tvm
-    from fastsearch.measure import random_arguments
+    from fastsearch.measure.measurer import random_arguments
     from tvm.s_tir import meta_schedule as ms
 
     spec = json.loads(Path(spec_path).read_text())

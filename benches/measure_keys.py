@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import tvm
-from fastsearch.measure import MeasureConfig, Measurer
-from fastsearch.sample import Postprocessor, base_schedule, replay
+from fastsearch.measure.measurer import MeasureConfig, Measurer
+from fastsearch.search.sample import Postprocessor, base_schedule, replay
 from tvm.s_tir import meta_schedule as ms
 
 

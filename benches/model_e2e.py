@@ -15,7 +15,7 @@ anything runs, for tuning and timing alike):
 - **onnxruntime** (``--zoo`` models, when installed), all graph optimizations, same threads;
 - TVM's untuned build of the imported model.
 
-Every compiled model is exported and timed by :func:`fastsearch.model_timing.time_in_fresh_processes`:
+Every compiled model is exported and timed by :func:`fastsearch.graph.model_timing.time_in_fresh_processes`:
 ``--processes`` fresh processes of ``--rounds`` interleaved rounds, never the process that
 tuned. Outputs are checked against ONNX's reference evaluator (``--zoo``) or the untuned model.
 
@@ -43,7 +43,7 @@ import numpy as np
 
 
 def _set_threads() -> int:
-    from fastsearch.target import physical_cores
+    from fastsearch.ir.target import physical_cores
 
     cores = physical_cores()
     os.environ.setdefault("TVM_NUM_THREADS", str(cores))  # before TVM's thread pool starts
@@ -56,7 +56,7 @@ def _records(work: Path) -> int:
 
 
 def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
-    from fastsearch.tune import tune
+    from fastsearch.tuning.tune import tune
 
     t0 = time.perf_counter()
     result = tune(mod, target, trials=trials, seed=seed, work_dir=work)
@@ -158,8 +158,8 @@ def report(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--zoo", help="an ONNX zoo model (fastsearch.onnx_zoo: ZOO or SMALL)")
-    which.add_argument("--model", help="a built-in Relax model (fastsearch.models)")
+    which.add_argument("--zoo", help="an ONNX zoo model (fastsearch.testing.onnx_zoo: ZOO or SMALL)")
+    which.add_argument("--model", help="a built-in Relax model (fastsearch.testing.relax_models)")
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", default=None, help="default: this CPU, with mcpu and num-cores")
@@ -184,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = _set_threads()
 
     import tvm
-    from fastsearch.model_timing import paired_ratios, time_in_fresh_processes
-    from fastsearch.models import load_model, model_inputs
-    from fastsearch.target import resolve_target
+    from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_in_fresh_processes
+    from fastsearch.ir.target import resolve_target
+    from fastsearch.testing.relax_models import load_model
     from run_meta import run_metadata
 
     out = Path(args.out_dir)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if args.zoo:
         import onnx
-        from fastsearch import onnx_zoo
+        from fastsearch.testing import onnx_zoo
 
         model = onnx_zoo.build(args.zoo)
         onnx_file = out / "model.onnx"

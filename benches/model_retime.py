@@ -6,7 +6,7 @@ side by side in one process, and the same two databases gave a fastsearch / Meta
 of 1.115 in one process and 0.963 in another. So each of ``--processes`` fresh processes
 compiles both databases again (TVM's pipeline with ``MetaScheduleApplyDatabase``, in
 alternating order) and times them in ``--repeat`` interleaved rounds
-(:func:`fastsearch.model_timing.time_interleaved`); the report gives every process's ratio, the
+(:func:`fastsearch.graph.model_timing.time_interleaved`); the report gives every process's ratio, the
 median over processes, and the median of all per-round ratios pooled.
 
     python benches/model_retime.py /tmp/e2e_r18 --processes 5 --repeat 20
@@ -40,9 +40,9 @@ def worker(e2e: Path, model: str, repeat: int, first: int, out: Path) -> None:
     import shutil
 
     import tvm
-    from fastsearch.model_timing import _as_numpy, time_interleaved
-    from fastsearch.models import load_model, model_inputs
-    from fastsearch.target import resolve_target
+    from fastsearch.graph.model_timing import _as_numpy, model_inputs, time_interleaved
+    from fastsearch.ir.target import resolve_target
+    from fastsearch.testing.relax_models import load_model
     from tvm.s_tir import meta_schedule as ms
 
     target = resolve_target(None)
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         worker(e2e, model, args.repeat, args.worker, Path(args.worker_out))
         return 0
 
-    from fastsearch.model_timing import paired_ratios
-    from fastsearch.target import resolve_target
+    from fastsearch.graph.model_timing import paired_ratios
+    from fastsearch.ir.target import resolve_target
 
     target = resolve_target(None)
     runs = []

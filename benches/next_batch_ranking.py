@@ -7,7 +7,7 @@ the measured candidates are replayed in the order they were measured. At each ch
 measured). These are the candidates the search actually chose to measure, so this is the
 question the model answers inside a run: which of the search's next proposals is fastest.
 
-Models: the sketch-feature XGBoost of ``fastsearch.cost_model.CostModel`` at several tree depths,
+Models: the sketch-feature XGBoost of ``fastsearch.costmodel.learned.CostModel`` at several tree depths,
 and the per-store-feature model (``StoreFeatureModel``) on the same candidates.
 
     python benches/next_batch_ranking.py /tmp/suite256a /tmp/suite256b
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 from fastsearch import _core
-from fastsearch.cli import load_workload
-from fastsearch.cost_model import CostModel, StoreFeatureModel, pairwise_accuracy, pooled_features
+from fastsearch.cli.main import load_workload
+from fastsearch.costmodel.learned import CostModel, StoreFeatureModel, pairwise_accuracy, pooled_features
 from fastsearch.database import candidate_key
-from fastsearch.tir_import import program_json
+from fastsearch.ir.tir_import import program_json
 
 sys.path.insert(0, str(Path(__file__).parent))
 from suite import _mean_us, _records_in_order
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--vector-bytes", type=int, default=64)
     parser.add_argument(
-        "--fma-per-cycle", type=float, default=2.0, help="1 on Zen 4 (fastsearch.sample.fma_per_cycle)"
+        "--fma-per-cycle", type=float, default=2.0, help="1 on Zen 4 (fastsearch.search.sample.fma_per_cycle)"
     )
     args = parser.parse_args(argv)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import tvm
 from fastsearch.database import mean_run_secs
-from fastsearch.measure import random_arguments
-from fastsearch.target import resolve_target
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import random_arguments
 from tvm.s_tir import meta_schedule as ms
 from tvm_ffi import structural_equal
 

@@ -22,10 +22,11 @@ import numpy as np
 import tvm
 import xgboost as xgb
 from fastsearch import _core
-from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.sample import Postprocessor, fma_per_cycle, num_cores, replay, vector_bytes
-from fastsearch.target import resolve_target
-from fastsearch.tir_import import program_json
+from fastsearch.costmodel.learned import CostModel, pairwise_accuracy
+from fastsearch.ir.machine import fma_per_cycle, num_cores, vector_bytes
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.sample import Postprocessor, replay
 from tvm.s_tir.meta_schedule.testing import te_workload
 
 

@@ -12,8 +12,8 @@ Models, all on the same records:
   ``num_warmup_samples=0``), fed one ``update`` per training workload as during tuning;
 * fastsearch: XGBoost on ``fastsearch.extract_features`` rows pooled per candidate (sum and
   max over stores), labels = relative throughput per task, with a squared-error objective
-  (``fastsearch.cost_model.StoreFeatureModel``, the model of the drop-in
-  ``fastsearch.tvm.CostModel``) and with a pairwise ranking objective (one query group per task).
+  (``fastsearch.costmodel.learned.StoreFeatureModel``, the model of the drop-in
+  ``fastsearch.metaschedule.CostModel``) and with a pairwise ranking objective (one query group per task).
 
     python benches/rank_vs_xgbmodel.py --suite-dir suite64 --out rank_heldout.md
 """
@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import tvm
 import xgboost as xgb
-from fastsearch.cli import load_workload
-from fastsearch.cost_model import (
+from fastsearch.cli.main import load_workload
+from fastsearch.costmodel.features import extract_features
+from fastsearch.costmodel.learned import (
     STORE_ROUNDS,
     STORE_XGB_PARAMS,
     CostModel,
@@ -41,8 +42,7 @@ from fastsearch.cost_model import (
     pairwise_accuracy,
     pool_store_features,
 )
-from fastsearch.features import extract_features
-from fastsearch.target import resolve_target
+from fastsearch.ir.target import resolve_target
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         train = [tasks[n] for n in names if n != held]
         scores: dict[str, tuple[float, bool]] = {}
 
-        reg = StoreFeatureModel()  # what fastsearch.tvm.CostModel trains
+        reg = StoreFeatureModel()  # what fastsearch.metaschedule.CostModel trains
         reg.fit([(t["x"], t["latency_us"]) for t in train])
         pred = reg.predict(test["x"])
         scores["fastsearch reg"] = (pairwise_accuracy(pred, lat), top8_has_best(pred, lat))

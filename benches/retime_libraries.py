@@ -3,7 +3,7 @@
 Each ``LABEL=PATH`` is a library a tuning run exported (``fastsearch tune`` writes
 ``model_tuned.so`` into its work directory). They are timed together, in interleaved rounds, in
 ``--processes`` fresh processes; onnxruntime runs the same ONNX model in processes of its own,
-alternating with them (:func:`fastsearch.model_timing.time_in_fresh_processes`). Every output is
+alternating with them (:func:`fastsearch.graph.model_timing.time_in_fresh_processes`). Every output is
 checked against ONNX's reference evaluator.
 
     fastsearch tune --model mobilenet-v2-small --trials 300 --layout NCHW --work-dir /tmp/nchw
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import onnx
-    from fastsearch import onnx_zoo
-    from fastsearch.model_timing import time_in_fresh_processes
+    from fastsearch.graph.model_timing import time_in_fresh_processes
+    from fastsearch.testing import onnx_zoo
 
     libs = dict(item.split("=", 1) for item in args.libraries)
     model = onnx_zoo.build(args.zoo)

@@ -8,7 +8,7 @@ import platform
 import sys
 from typing import Any
 
-from fastsearch.target import physical_cores
+from fastsearch.ir.target import physical_cores
 
 
 def run_metadata(script: str, target: object, argv: list[str] | None) -> dict[str, Any]:

@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from fastsearch.cli import load_workload
+from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key, mean_run_secs
-from fastsearch.sample import Postprocessor
-from fastsearch.search import ModelGuidedSampler
-from fastsearch.target import resolve_target
+from fastsearch.ir.target import resolve_target
+from fastsearch.search.guided import ModelGuidedSampler
+from fastsearch.search.sample import Postprocessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _records_in_order, fastsearch_dir

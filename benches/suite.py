@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import tvm
-from fastsearch.cli import load_workload
+from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key
-from fastsearch.target import physical_cores, resolve_target
-from fastsearch.tune import tune
+from fastsearch.ir.target import physical_cores, resolve_target
+from fastsearch.tuning.tune import tune
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod

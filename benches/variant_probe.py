@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 import tvm
-from fastsearch.cli import load_workload
-from fastsearch.sample import Postprocessor
-from fastsearch.target import resolve_target
+from fastsearch.cli.main import load_workload
+from fastsearch.ir.target import resolve_target
+from fastsearch.search.sample import Postprocessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_retime import retime_in_processes

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import tvm
 from fastsearch import _core
-from fastsearch.cli import load_workload
-from fastsearch.sample import Postprocessor, base_schedule, fma_per_cycle, replay, vector_bytes
-from fastsearch.target import resolve_target
-from fastsearch.tir_import import program_json
+from fastsearch.cli.main import load_workload
+from fastsearch.ir.machine import fma_per_cycle, vector_bytes
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.sample import Postprocessor, base_schedule, replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_retime import retime_in_processes

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastsearch.cli import load_workload
-from fastsearch.measure import build_module
-from fastsearch.target import resolve_target
-from fastsearch.tune import tune
-from fastsearch.warm_start import WarmStart
+from fastsearch.cli.main import load_workload
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import build_module
+from fastsearch.search.warm_start import WarmStart
+from fastsearch.tuning.tune import tune
 from tvm.s_tir import meta_schedule as ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -13,7 +13,7 @@ import re
 import time
 
 import tvm
-from fastsearch.measure import build_module
+from fastsearch.measure.measurer import build_module
 from tvm.s_tir import Schedule
 
 FAULT = "fastsearch_test_fault"

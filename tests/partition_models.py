@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 import tvm
-from fastsearch.onnx_zoo import MOBILENET_V2_STAGES
+from fastsearch.testing.onnx_zoo import MOBILENET_V2_STAGES
 from tvm import relax
 from tvm.relax import op as R
 

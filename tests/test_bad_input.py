@@ -17,10 +17,10 @@ from fastsearch import (
     UnsupportedWorkload,
     tune,
 )
+from fastsearch.costmodel.features import extract_features
 from fastsearch.database import RECORD_FILE, WORKLOAD_FILE, TuningDatabase
-from fastsearch.features import extract_features
-from fastsearch.loop_nest import loop_nest_from_trace
-from fastsearch.target import resolve_target
+from fastsearch.ir.loop_nest import loop_nest_from_trace
+from fastsearch.ir.target import resolve_target
 from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms

@@ -22,7 +22,7 @@ def _command() -> list[str]:
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
     found = shutil.which("fastsearch")
-    return [found] if found else [sys.executable, "-m", "fastsearch.cli"]
+    return [found] if found else [sys.executable, "-m", "fastsearch.cli.main"]
 
 
 def run(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

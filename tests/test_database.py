@@ -18,9 +18,15 @@ from fastsearch.database import (
     candidate_key,
     is_failed,
 )
-from fastsearch.measure import MeasureConfig, Measurer, compare_outputs, random_arguments, run_function
-from fastsearch.sample import sample_candidates
-from fastsearch.target import resolve_target
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import (
+    MeasureConfig,
+    Measurer,
+    compare_outputs,
+    random_arguments,
+    run_function,
+)
+from fastsearch.search.sample import sample_candidates
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload

@@ -1,4 +1,4 @@
-"""fastsearch.tvm: the drop-in FeatureExtractor, CostModel and SearchStrategy inside MetaSchedule.
+"""fastsearch.metaschedule: the drop-in FeatureExtractor, CostModel and SearchStrategy inside MetaSchedule.
 
 Small shapes and 8-16 trials: these check that MetaSchedule accepts the classes and that what
 they do is right (features equal to PerStoreFeature's, a model that ranks better than chance
@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from fastsearch import tvm as fst
-from fastsearch.cost_model import pairwise_accuracy
+from fastsearch import metaschedule as fst
+from fastsearch.costmodel.features import N_FEATURES, design_space_candidates
+from fastsearch.costmodel.learned import pairwise_accuracy
 from fastsearch.errors import FastsearchError, ScheduleError
-from fastsearch.features import N_FEATURES, design_space_candidates
-from fastsearch.loop_nest import trace_json
-from fastsearch.measure import (
+from fastsearch.ir.loop_nest import trace_json
+from fastsearch.measure.measurer import (
     MeasureConfig,
     Measurer,
     build_module,
@@ -28,7 +28,7 @@ from fastsearch.measure import (
     random_arguments,
     run_function,
 )
-from fastsearch.sample import sample_candidates
+from fastsearch.search.sample import sample_candidates
 from test_features import first_difference
 from tvm.s_tir import meta_schedule as ms
 from workloads import matmul, small
@@ -289,7 +289,7 @@ def test_design_space_the_engine_cannot_replay_fails_at_pre_tuning(tmp_path):
 def test_store_feature_model_predicts_as_xgboost():
     """The pooled-feature model evaluated by the Rust forest predicts what XGBoost does."""
     import xgboost as xgb
-    from fastsearch.cost_model import StoreFeatureModel, pool_store_features
+    from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 
     rng = np.random.default_rng(0)
     rows = [
@@ -311,18 +311,22 @@ def test_store_feature_model_predicts_as_xgboost():
 
 
 def test_module_name_does_not_shadow_tvm():
-    """``fastsearch.tvm`` is reached only as a submodule: every fastsearch module's ``tvm`` is TVM."""
+    """``fastsearch.tvm`` is the earlier name of the drop-in module, and every fastsearch module's
+    ``tvm`` is TVM itself."""
     import importlib
     import pkgutil
 
     import fastsearch
+    from fastsearch import tvm as alias
 
-    assert fst.__name__ == "fastsearch.tvm" and tvm.__name__ == "tvm"
-    assert fst.tvm is tvm  # the drop-in module's own ``import tvm`` is TVM, not itself
-    for info in pkgutil.iter_modules(fastsearch.__path__):
-        module = importlib.import_module(f"fastsearch.{info.name}")
-        if info.name != "tvm" and hasattr(module, "tvm"):
-            assert module.tvm is tvm, f"fastsearch.{info.name}.tvm is {module.tvm!r}"
+    assert alias is fst and fst.__name__ == "fastsearch.metaschedule" and tvm.__name__ == "tvm"
+    assert fst.tvm is tvm  # the drop-in module's own ``import tvm`` is TVM, not the alias
+    for info in pkgutil.walk_packages(fastsearch.__path__, "fastsearch."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        if hasattr(module, "tvm") and info.name != "fastsearch":
+            assert module.tvm is tvm, f"{info.name}.tvm is {module.tvm!r}"
 
 
 def test_local_tile_mutation_moves_one_prime_factor():

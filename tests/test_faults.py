@@ -11,12 +11,12 @@ import faults
 import numpy as np
 import pytest
 import tvm
-from fastsearch.cli import summary
+from fastsearch.cli.main import summary
 from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE
-from fastsearch.measure import CandidateFault, MeasureConfig, Measurer, random_arguments
-from fastsearch.sample import sample_candidates
-from fastsearch.target import resolve_target
-from fastsearch.tune import APPLY_FAILURES_FILE, tune
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import CandidateFault, MeasureConfig, Measurer, random_arguments
+from fastsearch.search.sample import sample_candidates
+from fastsearch.tuning.tune import APPLY_FAILURES_FILE, tune
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod

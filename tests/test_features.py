@@ -13,17 +13,17 @@ import warnings
 import numpy as np
 import pytest
 import tvm
-from fastsearch.errors import FastsearchError
-from fastsearch.features import (
+from fastsearch.costmodel.features import (
     FEATURE_NAMES,
     N_FEATURES,
     design_space_candidates,
     extract_features,
     extract_features_json,
 )
-from fastsearch.loop_nest import trace_json
-from fastsearch.sample import sample_candidates
-from fastsearch.tir_import import program_json
+from fastsearch.errors import FastsearchError
+from fastsearch.ir.loop_nest import trace_json
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.sample import sample_candidates
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
@@ -181,8 +181,8 @@ def test_same_output_on_any_thread_count() -> None:
     script = (
         "import numpy as np, sys\n"
         "from tvm.s_tir.meta_schedule.testing import te_workload\n"
-        "from fastsearch.sample import sample_candidates\n"
-        "from fastsearch.features import extract_features\n"
+        "from fastsearch.search.sample import sample_candidates\n"
+        "from fastsearch.costmodel.features import extract_features\n"
         "sys.path.insert(0, 'tests')\n"
         "from test_features import target\n"
         "func = te_workload.create_te_workload('C2D', 0)\n"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import tvm
 from fastsearch import sample
-from fastsearch.search import ModelGuidedSampler
+from fastsearch.search.guided import ModelGuidedSampler
 from workloads import small
 
 RECORD = Path(__file__).parent / "data" / "first_batches.json"

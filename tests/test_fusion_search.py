@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.fusion_search import _verdict
-from fastsearch.inference import optimize_for_inference
-from fastsearch.partition import (
+from fastsearch.graph.inference import optimize_for_inference
+from fastsearch.graph.partition import (
     extract_graph,
     fuse,
     fusion_proposals,
@@ -20,6 +19,7 @@ from fastsearch.partition import (
     partition_groups,
     prepare,
 )
+from fastsearch.tuning.fusion_search import _verdict
 from partition_models import bert_layer, branches_and_concat, resnet
 from tvm import relax
 

@@ -8,7 +8,7 @@ import fastsearch
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.tir_import import program_json
+from fastsearch.ir.tir_import import program_json
 from tvm import te
 from workloads import FAMILIES, extra, relax_legalized, suite
 
@@ -88,10 +88,10 @@ def test_public_api_is_curated_and_complete():
     assert public <= set(fastsearch.__all__)
     for name in fastsearch.__all__:
         assert getattr(fastsearch, name) is not None, name
-    assert fastsearch.extract_features is fastsearch.features.extract_features
+    assert fastsearch.extract_features is fastsearch.costmodel.features.extract_features
     assert issubclass(fastsearch.UnsupportedWorkload, fastsearch.FastsearchError)
-    # The drop-in classes are fastsearch.tvm's, and what they build are MetaSchedule's roles.
-    from fastsearch import tvm as dropin
+    # The drop-in classes are fastsearch.metaschedule's, and what they build are MetaSchedule's roles.
+    from fastsearch import metaschedule as dropin
     from tvm.s_tir import meta_schedule as ms
 
     assert (fastsearch.SearchStrategy, fastsearch.CostModel, fastsearch.FeatureExtractor) == (

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import MalformedInput
-from fastsearch.inference import STEPS, InferenceReport, fold_scale_shift, optimize_for_inference
-from fastsearch.model_timing import hollow_kernels, profile_model
-from fastsearch.relax_tasks import extract_tasks
-from fastsearch.scheduler import GradientScheduler, TaskState, floor_rounds
+from fastsearch.graph.inference import STEPS, InferenceReport, fold_scale_shift, optimize_for_inference
+from fastsearch.graph.model_timing import hollow_kernels, profile_model
+from fastsearch.graph.relax_tasks import extract_tasks
+from fastsearch.tuning.scheduler import GradientScheduler, TaskState, floor_rounds
 from test_cli import run as run_cli
 from tvm import relax
 from tvm.relax import op as R
 from tvm_ffi import structural_equal
 
 onnx = pytest.importorskip("onnx", reason="the model zoo is written with the `onnx` package")
-from fastsearch import onnx_zoo
+from fastsearch.testing import onnx_zoo
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 

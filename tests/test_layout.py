@@ -1,4 +1,4 @@
-"""Channel-blocked activations (fastsearch.layout): outputs equal ONNX's reference evaluator, the
+"""Channel-blocked activations (fastsearch.graph.layout): outputs equal ONNX's reference evaluator, the
 convolutions and their epilogues really run blocked, and a tuned blocked model is correct."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import MalformedInput
-from fastsearch.inference import InferenceReport, optimize_for_inference
-from fastsearch.layout import block_channels, parse_layout
-from fastsearch.relax_tasks import extract_tasks
-from fastsearch.tune import tune
+from fastsearch.graph.inference import InferenceReport, optimize_for_inference
+from fastsearch.graph.layout import block_channels, parse_layout
+from fastsearch.graph.relax_tasks import extract_tasks
+from fastsearch.tuning.tune import tune
 from tvm import relax
 from tvm.relax import op as R
 
 pytest.importorskip("onnx", reason="the ONNX zoo needs onnx")
-from fastsearch import onnx_zoo
+from fastsearch.testing import onnx_zoo
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 

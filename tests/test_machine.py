@@ -12,13 +12,13 @@ import sys
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.machine import SPEEDUP_ENV, machine_of, parallel_speedup
-from fastsearch.target import host_cpu
-from fastsearch.tir_import import program_json
+from fastsearch.ir.machine import SPEEDUP_ENV, machine_of, parallel_speedup
+from fastsearch.ir.target import host_cpu
+from fastsearch.ir.tir_import import program_json
 from workloads import matmul
 
 PROBE = (
-    "import tvm; from fastsearch.machine import machine_of, runtime_threads; "
+    "import tvm; from fastsearch.ir.machine import machine_of, runtime_threads; "
     "t = tvm.target.Target({'kind': 'llvm', 'mcpu': tvm.target.codegen.llvm_get_system_cpu(), 'num-cores': 4}); "
     "print(runtime_threads(), machine_of(t).parallel_speedup)"
 )
@@ -48,7 +48,7 @@ def test_asking_leaves_this_process_free_to_run_on_every_cpu():
     """TVM's thread pool pins the thread that starts it to one CPU, and processes started later
     (the builders) inherit that: the thread count is asked of a child process instead."""
     code = (
-        "import os; from fastsearch.machine import machine_of; from fastsearch.target import resolve_target; "
+        "import os; from fastsearch.ir.machine import machine_of; from fastsearch.ir.target import resolve_target; "
         "before = os.sched_getaffinity(0); machine_of(resolve_target(None)); "
         "print(before == os.sched_getaffinity(0))"
     )

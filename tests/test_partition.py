@@ -6,10 +6,8 @@ import fastsearch
 import numpy as np
 import pytest
 import tvm
-from fastsearch.inference import optimize_for_inference
-from fastsearch.models import MODELS as BUILTIN_MODELS
-from fastsearch.models import load_model
-from fastsearch.partition import (
+from fastsearch.graph.inference import optimize_for_inference
+from fastsearch.graph.partition import (
     extract_graph,
     fuse,
     group_module,
@@ -17,6 +15,8 @@ from fastsearch.partition import (
     partition_groups,
     prepare,
 )
+from fastsearch.testing.relax_models import MODELS as BUILTIN_MODELS
+from fastsearch.testing.relax_models import load_model
 from partition_models import MODELS, bert_layer, branches_and_concat, long_chain, random_graph, resnet
 from tvm import relax
 
@@ -83,7 +83,7 @@ def test_builtin_models_group_as_fuse_ops(name: str) -> None:
 )
 def test_zoo_models_after_the_inference_pipeline_group_as_fuse_ops(name: str) -> None:
     # What tune() partitions: ONNX imports after fastsearch's inference pipeline.
-    onnx_zoo = pytest.importorskip("fastsearch.onnx_zoo")
+    onnx_zoo = pytest.importorskip("fastsearch.testing.onnx_zoo")
     pytest.importorskip("onnx")
     mod = optimize_for_inference(onnx_zoo.load(name))
     assert partition(mod) == _fuse_ops_groups(mod)

@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import UnsupportedWorkload
-from fastsearch.cli import load_onnx
-from fastsearch.models import mlp, model_inputs, resnet_tiny
-from fastsearch.relax_tasks import extract_tasks
-from fastsearch.scheduler import (
+from fastsearch.cli.main import load_onnx
+from fastsearch.graph.model_timing import model_inputs
+from fastsearch.graph.relax_tasks import extract_tasks
+from fastsearch.testing.relax_models import mlp, resnet_tiny
+from fastsearch.tuning.scheduler import (
     GradientScheduler,
     RoundRobinScheduler,
     TaskState,
     expected_gain,
 )
-from fastsearch.tune import tune
+from fastsearch.tuning.tune import tune
 from test_cli import run as run_cli
 from tvm import relax
 from tvm.relax import op as R
@@ -367,7 +368,7 @@ def test_cli_tunes_an_onnx_model(tmp_path) -> None:
 def test_cli_without_onnx_names_the_package(tmp_path) -> None:
     """The real command, run where `onnx` cannot be imported."""
     code = (
-        "import sys; sys.modules['onnx'] = None; from fastsearch.cli import main; "
+        "import sys; sys.modules['onnx'] = None; from fastsearch.cli.main import main; "
         f"sys.exit(main(['tune', {str(tmp_path / 'm.onnx')!r}, '--trials', '1']))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -12,8 +12,8 @@ import pytest
 import tvm
 from fastsearch import RemoteError, RPCRunner, tune
 from fastsearch.database import RECORD_FILE, TuningDatabase, candidate_key
-from fastsearch.measure import MeasureConfig
-from fastsearch.target import resolve_target
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import MeasureConfig
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from workloads import small
@@ -87,7 +87,7 @@ def test_tune_through_the_tracker_on_two_devices(cluster, tmp_path):
 
 
 def test_measurer_runs_on_both_devices_at_once(cluster):
-    from fastsearch.measure import Measurer
+    from fastsearch.measure.measurer import Measurer
 
     with Measurer(TARGET, MeasureConfig(repeat=1, min_repeat_ms=1), runner=RPCRunner(cluster, KEY)) as m:
         assert m.run_workers == 2  # one in flight per registered server

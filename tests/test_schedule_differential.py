@@ -33,8 +33,8 @@ import fastsearch
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.loop_nest import first_difference, loop_nest_from_tvm, trace_json
-from fastsearch.tir_import import program_json
+from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
+from fastsearch.ir.tir_import import program_json
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload

@@ -10,10 +10,10 @@ import pytest
 import tvm
 import xgboost as xgb
 from fastsearch import _core
-from fastsearch.cost_model import CostModel, pairwise_accuracy
-from fastsearch.machine import Machine, machine_of
-from fastsearch.sample import fma_per_cycle
-from fastsearch.search import (
+from fastsearch.costmodel.learned import CostModel, pairwise_accuracy
+from fastsearch.ir.machine import Machine, fma_per_cycle, machine_of
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.guided import (
     MIN_RECORDS,
     RERANK_AFTER,
     RERANK_POOL,
@@ -26,7 +26,6 @@ from fastsearch.search import (
     blend_ranks,
     keep_exploring,
 )
-from fastsearch.tir_import import program_json
 from workloads import matmul, matmul_relu, small, softmax
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -124,7 +123,7 @@ def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     """With RERANK_AFTER valid records, the search proposes RERANK_POOL times the batch and the
     batch is the head of those proposals blended with a store-feature model trained on the
     records."""
-    from fastsearch import search
+    from fastsearch.search import guided as search
 
     func = small("GMM")
     history: dict[str, float] = {}
@@ -165,7 +164,7 @@ def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
     """Once the run has the search's `novel_after` records (64), the search gives shares of the
     batch to coarse shapes and structures hardly measured; re-ranking by the store-feature model
     keeps those shares instead of dropping them for the structures it knows."""
-    from fastsearch import search
+    from fastsearch.search import guided as search
 
     func = small("GMM")
     history: dict[str, float] = {}

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import _core
-from fastsearch.cli import load_workload
-from fastsearch.sample import Postprocessor, base_schedule, replay, replay_all, sample_candidates
-from fastsearch.tir_import import program_json
+from fastsearch.cli.main import load_workload
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.sample import Postprocessor, base_schedule, replay, replay_all, sample_candidates
 from tvm.s_tir import Schedule
 from tvm_ffi import structural_equal
 from workloads import FAMILIES, small, suite

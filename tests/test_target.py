@@ -7,7 +7,7 @@ import json
 import pytest
 import tvm
 from fastsearch import FastsearchError, InvalidTarget
-from fastsearch.target import device_type, host_cpu, physical_cores, resolve_target
+from fastsearch.ir.target import device_type, host_cpu, physical_cores, resolve_target
 
 
 def _attrs(target: tvm.target.Target) -> dict:

@@ -10,10 +10,10 @@ import pytest
 import tvm
 from fastsearch import InvalidTarget, MeasurementError, UnsupportedWorkload
 from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE, TuningDatabase, candidate_key
-from fastsearch.measure import MeasureConfig
-from fastsearch.sample import sample_candidates
-from fastsearch.target import resolve_target
-from fastsearch.tune import TuneResult, tune
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.measurer import MeasureConfig
+from fastsearch.search.sample import sample_candidates
+from fastsearch.tuning.tune import TuneResult, tune
 from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms

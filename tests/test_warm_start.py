@@ -15,9 +15,9 @@ import tvm
 from fastsearch import _core, tune
 from fastsearch.database import candidate_key
 from fastsearch.errors import DatabaseError
-from fastsearch.measure import MeasureConfig
-from fastsearch.tir_import import program_json
-from fastsearch.warm_start import SEED_SHARE, WarmStart
+from fastsearch.ir.tir_import import program_json
+from fastsearch.measure.measurer import MeasureConfig
+from fastsearch.search.warm_start import SEED_SHARE, WarmStart
 from test_dropin import TARGET
 from test_dropin import tune as tune_tir
 from workloads import matmul, small

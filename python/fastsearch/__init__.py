@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastsearch._core import __version__
+from fastsearch.costmodel.features import extract_features
 from fastsearch.errors import (
     DatabaseError,
     DatabaseWarning,
@@ -16,13 +17,12 @@ from fastsearch.errors import (
     ScheduleError,
     UnsupportedWorkload,
 )
-from fastsearch.features import extract_features
-from fastsearch.measure import MeasureConfig, RPCRunner
-from fastsearch.partition import partition
-from fastsearch.sample import sample
-from fastsearch.tune import TuneResult, tune
-from fastsearch.tvm import CostModel, FeatureExtractor, SearchStrategy
-from fastsearch.warm_start import WarmStart
+from fastsearch.graph.partition import partition
+from fastsearch.measure.measurer import MeasureConfig, RPCRunner
+from fastsearch.metaschedule import CostModel, FeatureExtractor, SearchStrategy
+from fastsearch.search.sample import sample
+from fastsearch.search.warm_start import WarmStart
+from fastsearch.tuning.tune import TuneResult, tune
 
 __all__ = [
     "CostModel",

@@ -12,14 +12,13 @@ twice.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import math
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,11 @@ from tvm_ffi import structural_hash
 
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
-from fastsearch.fusion_search import FusionReport, check_fusion_argument, tune_searching_fusion
-from fastsearch.inference import optimize_for_inference
-from fastsearch.measure import (
+from fastsearch.graph.inference import optimize_for_inference
+from fastsearch.graph.relax_tasks import extract_tasks, is_relax_module
+from fastsearch.ir.target import TargetLike, device_type, resolve_target
+from fastsearch.ir.tir_import import program_json
+from fastsearch.measure.measurer import (
     FAILURE_KINDS,
     CandidateFault,
     MeasureConfig,
@@ -47,18 +48,19 @@ from fastsearch.measure import (
     random_arguments,
     run_function,
 )
-from fastsearch.progress import ProgressBar
-from fastsearch.relax_tasks import apply_database, extract_tasks, is_relax_module
-from fastsearch.sample import Postprocessor, fresh_copy
-from fastsearch.scheduler import SCHEDULERS, TaskState, floor_rounds, make_scheduler
-from fastsearch.target import TargetLike, device_type, resolve_target
-from fastsearch.warm_start import WarmStart, WarmStartLike
+from fastsearch.search.guided import ModelGuidedSampler, SearchState, SiblingRecords
+from fastsearch.search.sample import Postprocessor, fresh_copy, sample_candidates
+from fastsearch.search.warm_start import WarmStart, WarmStartLike
+from fastsearch.tuning.fusion_search import check_fusion_argument, tune_searching_fusion
+from fastsearch.tuning.progress import ProgressBar
+from fastsearch.tuning.result import FinalRound, TaskResult, TrialRecord, TuneResult
+from fastsearch.tuning.scheduler import SCHEDULERS, TaskState, floor_rounds, make_scheduler
 
 __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 
 #: A candidate generator ``(func, target, n, seed, exclude) -> list`` of at most ``n`` distinct
 #: candidates whose key (:func:`fastsearch.database.candidate_key`) is not in ``exclude``. Items are
-#: ``fastsearch.sample.Candidate`` objects (``key`` and a postprocessed ``schedule``) or plain
+#: ``fastsearch.search.sample.Candidate`` objects (``key`` and a postprocessed ``schedule``) or plain
 #: :class:`tvm.s_tir.Trace` objects, which tune() replays and postprocesses itself. A sampler that
 #: also has ``update(func, measured)`` gets, after every batch, ``measured = [(key, mean seconds or
 #: None for a failure)]``, and once at the start the records already stored (warm start); the time
@@ -66,167 +68,6 @@ __all__ = ["Sampler", "TaskResult", "TrialRecord", "TuneResult", "tune"]
 Sampler = Callable[[tvm.tirx.PrimFunc, tvm.target.Target, int, int, set], list]
 
 APPLY_FAILURES_FILE = "fastsearch_apply_failures.jsonl"
-
-
-@dataclass
-class TrialRecord:
-    """One measured candidate, in measurement order (for tuning curves)."""
-
-    trial: int
-    task: str
-    latency_us: float | None
-    min_us: float | None
-    median_us: float | None
-    error: str | None
-    elapsed_s: float
-    best_us: float | None
-    failure: str | None = None  # one of fastsearch.measure.FAILURE_KINDS when error is set
-
-    @property
-    def ok(self) -> bool:
-        """Whether the candidate built, ran and (when checked) computed the right answer."""
-        return self.error is None
-
-
-@dataclass
-class TaskResult:
-    """Outcome of one PrimFunc of the tuned module (one task).
-
-    ``trials`` is the task's share of the run's trials, stored records included: a fixed even
-    split with the round-robin scheduler; with the gradient scheduler, what the rule gave it.
-    """
-
-    name: str
-    mod: IRModule
-    trials: int
-    trials_measured: int = 0
-    trials_stored: int = 0
-    failed: int = 0
-    best_latency_us: float | None = None
-    best_trace: Trace | None = None
-    exhausted: bool = False
-    failures: dict[str, int] = field(default_factory=dict)  # failed candidates per kind
-    weight: int = 1  # calls per run of the model (a Relax model's repeated layers share a task)
-    skipped: str | None = None  # why a Relax model's fused function is not tuned
-    functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
-    final: FinalRound | None = None  # the best and its runners-up timed side by side at the end
-    flops: float | None = None  # floating-point operations per call, when TVM can count them
-
-    @property
-    def gflops(self) -> float | None:
-        """Throughput of the best candidate, GFLOP/s (``None`` when unknown)."""
-        if not self.flops or not self.best_latency_us:
-            return None
-        return self.flops / (self.best_latency_us * 1e-6) / 1e9
-
-
-@dataclass
-class FinalRound:
-    """A task's final round: its best ``len(ratios) + 1`` records built again and timed side by
-    side in ``rounds`` interleaved rounds (:meth:`fastsearch.measure.Measurer.side_by_side`).
-
-    ``ratios`` holds each runner-up's mean per-round time over the best's, in the database's
-    order; ``chosen`` is the index in ``ratios`` of the runner-up that became the best (``None``
-    when the best stayed). A chosen runner-up is stored again with the best's mean run time
-    scaled by its per-round ratios, so that TVM's ``get_top_k`` and ``compile_tir`` pick it too.
-    """
-
-    rounds: int
-    ratios: list[float]
-    chosen: int | None = None
-
-
-@dataclass
-class TuneResult:
-    """What a tuning run found, where it is stored, and where the time went.
-
-    ``best_latency_us`` is the mean run time of the best valid record (how MetaSchedule ranks
-    records); for a module of several PrimFuncs it is the sum over them, and for a Relax model
-    the sum of weight x best over its tuned tasks (``None`` until every one has a valid
-    record). ``tasks`` gives each task's weight, trials and best (for a Relax model also the
-    skipped ones, with ``skipped`` saying why). ``timing`` holds seconds
-    spent in ``search`` (candidate sampling), ``apply`` (trace replay and postprocessing in TVM),
-    ``build``, ``run``, ``verify``, ``database``, ``model``, ``final`` (each task's final round,
-    :class:`FinalRound`: its best records built again and timed side by side) and ``total``. ``failures`` counts
-    this run's failed candidates per kind (``"build error"``, ``"run timeout"``, ``"run crash"``,
-    ``"wrong answer"``, ...: :data:`fastsearch.measure.FAILURE_KINDS`); ``repairs`` lists what
-    was repaired in the database on load (a torn last line of a killed run).
-    """
-
-    best_latency_us: float | None
-    best_trace: Trace | None
-    database: TuningDatabase
-    work_dir: Path
-    timing: dict[str, float]
-    trials_measured: int
-    failed: int
-    history: list[TrialRecord]
-    tasks: dict[str, TaskResult]
-    target: tvm.target.Target
-    mod: IRModule = field(repr=False)
-    failures: dict[str, int] = field(default_factory=dict)
-    repairs: list[str] = field(default_factory=list)
-    is_relax: bool = False  # mod is a fused Relax model; compile() gives a VM executable
-    task_scheduler: str = "gradient"
-    warm_start: WarmStart | None = None  # the records this run started from
-    fusion: FusionReport | None = None  # what fusion="search" tried and kept
-
-    @property
-    def best_traces(self) -> dict[str, Trace]:
-        """Best trace of every task that has a valid record."""
-        return {name: t.best_trace for name, t in self.tasks.items() if t.best_trace is not None}
-
-    def write_history(self, path: str | os.PathLike[str]) -> Path:
-        """Write the per-trial history (the tuning curve) as CSV; returns the path."""
-        out = Path(path)
-        fields = [
-            "trial",
-            "task",
-            "latency_us",
-            "min_us",
-            "median_us",
-            "best_us",
-            "elapsed_s",
-            "failure",
-            "error",
-        ]
-        with open(out, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            for h in self.history:
-                row = {k: getattr(h, k) for k in fields}
-                row["error"] = (h.error or "").splitlines()[0] if h.error else ""
-                writer.writerow(row)
-        return out
-
-    def best_module(self) -> IRModule:
-        """The tuned IRModule: each PrimFunc replaced by its best schedule from the database.
-
-        For a Relax model, the fused model with ``relax.transform.MetaScheduleApplyDatabase``
-        applied (every copy of a tuned function gets its schedule; skipped ones stay as TVM
-        lowers them)."""
-        if self.is_relax:
-            return apply_database(self.mod, self.database.ms_database, self.target)
-        funcs = {}
-        for gv, func in self.mod.functions_items():
-            name = gv.name_hint
-            task = self.tasks.get(name)
-            if task is not None:
-                sch = ms.tir_integration.compile_tir(
-                    self.database.ms_database, fresh_copy(task.mod), self.target
-                )
-                if sch is not None:
-                    func = sch.mod["main"]
-                    if self.mod[gv].attrs is not None and "global_symbol" in self.mod[gv].attrs:
-                        func = func.with_attr("global_symbol", self.mod[gv].attrs["global_symbol"])
-            funcs[name] = func
-        return IRModule(funcs, attrs=self.mod.attrs)
-
-    def compile(self) -> tvm.runtime.Executable:
-        """Build the tuned module for the target (``tvm.compile``); call its functions by name,
-        ``lib["main"](*tensors)``. For a Relax model it is a VM executable:
-        ``tvm.relax.VirtualMachine(exe, device)["main"](*inputs)``."""
-        return tvm.compile(self.best_module(), target=self.target)
 
 
 @dataclass
@@ -261,7 +102,7 @@ def _resolve_sampler(
 ) -> _MakeSampler:
     """Per-task sampler factory for ``strategy``, started from ``warm`` when given; ``rerank``
     keeps the model-guided search's re-ranking by per-store features on
-    (:data:`fastsearch.search.RERANK_AFTER`)."""
+    (:data:`fastsearch.search.guided.RERANK_AFTER`)."""
     if warm is not None and (callable(strategy) or strategy == "random"):
         raise ValueError(
             f"warm_start needs a model-guided strategy ({', '.join(STRATEGIES[1:])}), not {strategy!r}"
@@ -270,7 +111,6 @@ def _resolve_sampler(
         user = strategy
         return lambda task, db, target: user
     if strategy == "random":
-        from fastsearch.sample import sample_candidates
 
         def make_random(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
             def draw(
@@ -282,8 +122,6 @@ def _resolve_sampler(
 
         return make_random
     if strategy in STRATEGIES:
-        from fastsearch.search import ModelGuidedSampler, SearchState, SiblingRecords
-
         siblings = SiblingRecords()  # one per run: each task's model also learns from the others'
 
         def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
@@ -298,8 +136,6 @@ def _resolve_sampler(
                         (k, math.inf if s is None else s) for k, s in _stored_results(db, task)
                     ]
                 return list(cache["history"])
-
-            from fastsearch.tir_import import program_json
 
             return ModelGuidedSampler(
                 fresh_copy(task.func),
@@ -391,8 +227,6 @@ def _args_info(name: str, func: tvm.tirx.PrimFunc) -> list:
     try:
         return list(ms.arg_info.ArgInfo.from_prim_func(func))
     except Exception as exc:  # TVM raises TypeError / TVMError here
-        from fastsearch.tir_import import program_json
-
         program_json(func)  # raises UnsupportedWorkload naming the construct when it can
         raise UnsupportedWorkload(f"function {name!r}: cannot describe its arguments: {exc}") from exc
 
@@ -461,7 +295,7 @@ def tune(
 
     With several tasks, ``task_scheduler`` decides which task gets each next batch of trials:
     ``"gradient"`` (Ansor's rule: one batch each, then the task whose weighted latency should
-    drop most; :mod:`fastsearch.scheduler`) or ``"round-robin"`` (``trials`` split evenly, one
+    drop most; :mod:`fastsearch.tuning.scheduler`) or ``"round-robin"`` (``trials`` split evenly, one
     batch per task in turn). ``TuneResult.tasks`` holds each task's weight, trials and best.
 
     ``trials`` is the total number of candidates per run directory: records already stored in
@@ -476,29 +310,29 @@ def tune(
     ``TuneResult.failures`` counts them by kind.
 
     ``warm_start`` names the directories of earlier runs' databases (fastsearch's or
-    MetaSchedule's JSONDatabase), or a loaded :class:`fastsearch.warm_start.WarmStart`: their
+    MetaSchedule's JSONDatabase), or a loaded :class:`fastsearch.search.warm_start.WarmStart`: their
     records train a cost model on per-store features that ranks this run's proposals until each
     task has records of its own, and the best candidates found on other shapes of the same
-    operator are refitted to this shape and measured first (:mod:`fastsearch.warm_start`).
+    operator are refitted to this shape and measured first (:mod:`fastsearch.search.warm_start`).
 
     ``fusion`` decides a Relax model's fused functions: ``"rules"`` (FuseOps' grouping, by
     fastsearch's partitioner) or ``"search"``: the rules' grouping is tuned with ``1 -
     fusion_share`` of the trials, then changes the rules never make (prologue, epilogue and
     horizontal fusion) get the rest, and each is kept only when the model, compiled and timed
     end to end in ``fusion_rounds`` interleaved rounds, is at least ``fusion_min_gain`` faster
-    with it (:mod:`fastsearch.fusion_search`; ``TuneResult.fusion`` reports every change).
+    with it (:mod:`fastsearch.tuning.fusion_search`; ``TuneResult.fusion`` reports every change).
 
     ``pipeline`` is what a Relax model goes through before it is partitioned: ``"inference"``
     (the default: batch norm decomposed and folded into the preceding convolution's weights,
     constants folded, every per-channel scale and shift after a conv or matmul moved into its
-    weight and one bias; :mod:`fastsearch.inference`) or ``"none"`` (the model as given).
+    weight and one bias; :mod:`fastsearch.graph.inference`) or ``"none"`` (the model as given).
     ``result.mod`` and ``result.compile()`` are the optimized model; its ``main`` takes the
     same inputs. ``layout`` is the activations' layout the pipeline gives convolutions:
     ``"NCHWc"`` (the default: channel-blocked, 8 channels a block, as onnxruntime's MLAS
     computes; ``"NCHW16c"`` names another block) or ``"NCHW"`` (as imported). Blocked, every
     convolution whose channels the block divides, depthwise ones included, and the elementwise
     work and global pooling between them run on ``(N, C/8, H, W, 8)`` tensors, with weights
-    re-laid out at compile time (:mod:`fastsearch.layout`); a model without such convolutions
+    re-laid out at compile time (:mod:`fastsearch.graph.layout`); a model without such convolutions
     is unchanged. On ``mobilenet-v2-small`` the tuned kernels took 0.52 of the NCHW ones' time.
 
     Arguments whose names start with an underscore are for fastsearch's own benchmarks and
@@ -526,6 +360,8 @@ def tune(
             share=fusion_share,
             min_gain=fusion_min_gain,
             rounds=fusion_rounds,
+            name=name or default_name(mod),
+            tune=tune,
             options={
                 "target": target,
                 "seed": seed,
@@ -537,7 +373,6 @@ def tune(
                 "rtol": rtol,
                 "atol": atol,
                 "progress": progress,
-                "name": name,
                 "runner": runner,
                 "task_scheduler": task_scheduler,
                 "pipeline": "none",  # already applied above
@@ -568,8 +403,6 @@ def tune(
     normalized = [(fname, _normalize_mod(func)) for fname, func in funcs]
     described = [_args_info(fname, tmod["main"]) for fname, tmod in normalized]  # before writing
     if not callable(strategy):
-        from fastsearch.tir_import import program_json
-
         for fname, tmod in normalized:  # fastsearch's sketches need the program model: fail before writing
             program_json(tmod["main"], fname)
     if runner is not None:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import tvm
@@ -37,69 +37,15 @@ from tvm_ffi import structural_equal
 from fastsearch import _core
 from fastsearch.database import TuningDatabase
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
-from fastsearch.model_timing import paired_ratios, time_interleaved
-from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, extract_graph, partition_groups, prepare
-from fastsearch.relax_tasks import ModelTask, apply_database, extract_tasks, is_relax_module
+from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_interleaved
+from fastsearch.graph.partition import DEFAULT_MAX_FUSE_DEPTH, extract_graph, partition_groups, prepare
+from fastsearch.graph.relax_tasks import ModelTask, apply_database, extract_tasks, is_relax_module
+from fastsearch.tuning.result import FusionChange, FusionReport, TuneResult
 
-if TYPE_CHECKING:
-    from fastsearch.tune import TuneResult
-
-__all__ = ["FusionChange", "FusionReport", "check_fusion_argument", "tune_searching_fusion"]
+__all__ = ["check_fusion_argument", "tune_searching_fusion"]
 
 #: Fewest trials a change's new functions get; fewer changes are tried when the budget is short.
 MIN_TRIALS_PER_CHANGE = 16
-
-
-@dataclass
-class FusionChange:
-    """One change to the rule-based grouping and what came of it.
-
-    ``sites`` lists the rule-based groups merged at each place the change is made (a change
-    that makes the same new function at several places, as repeated layers do, is made at all
-    of them, and ``groups`` is their union); ``functions`` lists the PrimFuncs (legalized names)
-    of each merged group at the first site; ``removed_us`` is
-    what the fastest kernel the change removes took per inference in the rule-based run, at
-    the sites it is removed from (how changes are ranked for the trial budget); ``ratio`` is the model's end-to-end latency with the change
-    over without it (median of the interleaved rounds); ``reason`` says why it was kept or not.
-    """
-
-    kind: str
-    groups: list[int]
-    functions: list[list[str]]
-    sites: list[list[int]] = field(default_factory=list)
-    tasks: list[str] = field(default_factory=list)
-    removed_us: float | None = None
-    trials: int = 0
-    ratio: float | None = None
-    kept: bool = False
-    reason: str = ""
-
-    def summary(self) -> str:
-        """One line: the kind, the merged functions, the number of sites and the verdict."""
-        what = " + ".join("/".join(f) for f in self.functions)
-        sites = f" (x{len(self.sites)} sites)" if len(self.sites) > 1 else ""
-        return f"{self.kind:<10} {what}{sites}: {self.reason}"
-
-
-@dataclass
-class FusionReport:
-    """What ``fusion="search"`` tried and chose: ``groups`` is the final grouping (node indices
-    of the legalized model's graph), ``base_ms`` and ``final_ms`` the median end-to-end
-    latencies of the rule-based and the final grouping in the last timing, over ``rounds``
-    interleaved rounds."""
-
-    changes: list[FusionChange]
-    groups: list[list[int]]
-    rule_groups: list[list[int]]
-    base_ms: float | None = None
-    final_ms: float | None = None
-    rounds: int = 0
-    trials_rules: int = 0
-    trials_changes: int = 0
-
-    @property
-    def kept(self) -> list[FusionChange]:
-        return [c for c in self.changes if c.kept]
 
 
 def tune_searching_fusion(
@@ -109,18 +55,18 @@ def tune_searching_fusion(
     share: float,
     min_gain: float,
     rounds: int,
+    name: str,
+    tune: Callable[..., TuneResult],
     options: dict[str, Any],
 ) -> TuneResult:
-    """``tune(mod, fusion="search", ...)``: see the module's documentation. ``options`` are the
-    other arguments of :func:`fastsearch.tune`."""
-    from fastsearch.tune import default_name, tune
-
+    """``tune(mod, fusion="search", ...)``: see the module's documentation. ``tune`` is
+    :func:`fastsearch.tune` (passed in, so that this module does not import the tuning loop that
+    calls it), ``name`` the run's name and ``options`` the other arguments of ``tune``."""
     if not 0.0 <= share < 1.0:
         raise ValueError(f"fusion_share must be in [0, 1), got {share}")
     if rounds < 1:
         raise ValueError(f"fusion_rounds must be at least 1, got {rounds}")
     t_start = time.perf_counter()
-    name = options.pop("name", None) or default_name(mod)
     work_dir = options.pop("work_dir", None)
     wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / name
     progress = bool(options.get("progress", True))
@@ -305,7 +251,6 @@ def _choose(
 ) -> list[list[int]]:
     """Times the model with each tried change against the rule-based grouping and returns the
     grouping to keep."""
-    from fastsearch.models import model_inputs
 
     db = TuningDatabase(wdir)  # the records of every run so far
     target = base.target

@@ -8,9 +8,9 @@ uses its records in these ways:
   the sketch-feature XGBoost model that guides the Rust search from the first batch on, each
   row computed on its own workload's program and weighted ``exp(-2 x shape distance)``; the
   task's own records join them, weighing more, and the model's say against the analytical
-  estimate grows from a half to all as they accumulate (:mod:`fastsearch.search`).
+  estimate grows from a half to all as they accumulate (:mod:`fastsearch.search.guided`).
 * **Records without genomes** (MetaSchedule's), when no record has one, train an XGBoost model
-  on pooled per-store features (:class:`fastsearch.cost_model.StoreFeatureModel`; labels are
+  on pooled per-store features (:class:`fastsearch.costmodel.learned.StoreFeatureModel`; labels are
   relative throughput within each workload), which describe loops, accesses and buffers rather
   than one sketch's decisions; it re-ranks the search's proposals until the task has records
   of its own.
@@ -38,7 +38,7 @@ from tvm.s_tir import Trace
 from tvm_ffi import structural_hash
 
 from fastsearch import _core
-from fastsearch.cost_model import CostModel, StoreRanker, pooled_features
+from fastsearch.costmodel.learned import CostModel, StoreRanker, pooled_features
 from fastsearch.database import (
     RECORD_FILE,
     WORKLOAD_FILE,
@@ -48,7 +48,8 @@ from fastsearch.database import (
     mean_run_secs,
 )
 from fastsearch.errors import DatabaseError, FastsearchError
-from fastsearch.machine import Machine
+from fastsearch.ir.machine import Machine
+from fastsearch.ir.tir_import import program_json
 
 __all__ = ["TaskWarmStart", "WarmStart"]
 
@@ -269,7 +270,6 @@ def mean_log2_ratio(a: Sequence[int], b: Sequence[int]) -> float:
 
 
 def _program_or_none(func: tvm.tirx.PrimFunc) -> str | None:
-    from fastsearch.tir_import import program_json
 
     try:
         return program_json(func)

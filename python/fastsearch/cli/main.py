@@ -4,7 +4,7 @@ workloads`` to list the built-in workloads and models.
 Built-in workloads are MetaSchedule's ``te_workload`` families (GMM, C2D, ...), each with a few
 shapes: ``--workload GMM:2`` picks shape 2 of GMM, ``--small`` the one with the fewest FLOPs.
 A whole model is an ONNX file (``fastsearch tune model.onnx``, needs the ``onnx`` package) or a
-built-in one (``--model resnet-tiny``, :mod:`fastsearch.models`).
+built-in one (``--model resnet-tiny``, :mod:`fastsearch.testing.relax_models`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,18 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
-from fastsearch.measure import MeasureConfig, RPCRunner
-from fastsearch.progress import format_latency
+from fastsearch.graph.model_timing import describe_end_to_end, end_to_end
+from fastsearch.ir.target import physical_cores
+from fastsearch.measure.measurer import MeasureConfig, RPCRunner
+from fastsearch.testing import onnx_zoo
+from fastsearch.testing.onnx_zoo import SMALL, ZOO
+from fastsearch.testing.relax_models import MODELS, load_model
+from fastsearch.tuning.progress import format_latency
+from fastsearch.tuning.tune import tune
 
 __all__ = [
     "BuiltinWorkload",
@@ -155,15 +162,12 @@ def _input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from fastsearch.tune import tune
 
     chosen = [x for x in (args.model_file, args.model, args.workload) if x]
     if len(chosen) != 1:
         raise SystemExit("fastsearch: error: give one of MODEL.onnx, --model NAME or --workload FAMILY")
     if args.model_file or args.model:
         from pathlib import Path
-
-        from fastsearch.models import MODELS, load_model
 
         if args.model and args.model.lower() not in MODELS and _is_zoo_model(args.model):
             # An ONNX zoo model: written to the work directory and read as a user's file is, so
@@ -230,8 +234,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if result.fusion is not None:
         print(fusion_table(result.fusion))
     if result.is_relax and not args.no_end_to_end:
-        from fastsearch.model_timing import describe_end_to_end, end_to_end
-
         print("timing the model end to end in fresh processes ...", file=sys.stderr)
         timing = end_to_end(
             result, mod, onnx_file=args.model_file, processes=args.e2e_processes, profile=args.profile
@@ -329,29 +331,17 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
 
 
 def _model_names() -> list[str]:
-    from fastsearch.models import MODELS
-
     names = list(MODELS)
-    try:
-        from fastsearch.onnx_zoo import SMALL, ZOO
-    except ImportError:  # pragma: no cover  (onnx_zoo imports onnx lazily)
-        return names
     # A zoo model named like a Relax one (resnet-18) is reached by saving it: see README.
     return names + [f"{n} (ONNX)" for n in [*ZOO, *SMALL] if n not in MODELS]
 
 
 def _is_zoo_model(name: str) -> bool:
-    from fastsearch.onnx_zoo import SMALL, ZOO
-
     return name.lower() in ZOO or name.lower() in SMALL
 
 
 def _write_zoo_model(name: str, work_dir: str | None) -> str:
     """Build the zoo model ``name`` and save it as ``<work dir>/<name>.onnx``."""
-    from pathlib import Path
-
-    from fastsearch import onnx_zoo
-
     folder = Path(work_dir) if work_dir else Path.cwd() / "fastsearch_work" / name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.onnx"
@@ -454,7 +444,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Kernels run on every core, in tuning and in the timings the command reports (TVM's runtime
     # would use half the logical CPUs: one thread on a 2-vCPU machine). The user's setting wins.
-    from fastsearch.target import physical_cores
 
     threads_before = os.environ.get("TVM_NUM_THREADS")
     os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))

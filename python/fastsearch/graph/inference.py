@@ -27,7 +27,7 @@ into the graph that should be tuned:
 
 With ``layout="NCHWc"`` (or ``"NCHW{b}c"``), the convolutions and the elementwise work between
 them are rewritten into channel-blocked activations just before ``legalize``
-(:func:`fastsearch.layout.block_channels`); the default ``"NCHW"`` keeps the imported layout.
+(:func:`fastsearch.graph.layout.block_channels`); the default ``"NCHW"`` keeps the imported layout.
 
 TVM's ``static_shape_tuning_pipeline`` runs the same first three steps and legalization but
 keeps batch norm as four per-channel operations in every fused kernel's epilogue; onnxruntime
@@ -44,7 +44,7 @@ import tvm
 from tvm import relax
 
 from fastsearch.errors import MalformedInput
-from fastsearch.layout import block_channels, legalize_blocked_conv2d, parse_layout
+from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, parse_layout
 
 __all__ = ["STEPS", "InferenceReport", "fold_scale_shift", "optimize_for_inference"]
 
@@ -73,7 +73,7 @@ def optimize_for_inference(
 ) -> tvm.IRModule:
     """``mod`` (a Relax model) rewritten for inference by ``steps`` (a subset of
     :data:`STEPS`, run in the order of :data:`STEPS`); outputs are unchanged up to float
-    rounding. ``layout`` (one of :data:`fastsearch.layout.LAYOUTS`, or ``"NCHW{b}c"``) is the
+    rounding. ``layout`` (one of :data:`fastsearch.graph.layout.LAYOUTS`, or ``"NCHW{b}c"``) is the
     activations' layout for convolutions. ``report``, when given, is filled in."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:

@@ -30,7 +30,7 @@ from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RPCConf
 from tvm.s_tir.meta_schedule.runner import RPCRunner as _MSRPCRunner
 
 from fastsearch.errors import RemoteError
-from fastsearch.target import device_type, physical_cores
+from fastsearch.ir.target import device_type, physical_cores
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -24,13 +24,52 @@ from typing import NamedTuple
 
 import tvm
 
-from fastsearch.sample import fma_per_cycle, num_cores, vector_bytes
-from fastsearch.target import host_cpu
+from fastsearch.ir.target import host_cpu
 
 #: Overrides the runtime's thread count as the speedup on all cores: a number, or ``linear``.
 SPEEDUP_ENV = "FASTSEARCH_PARALLEL_SPEEDUP"
 
-__all__ = ["SPEEDUP_ENV", "Machine", "machine_of", "parallel_speedup", "runtime_threads"]
+__all__ = [
+    "SPEEDUP_ENV",
+    "Machine",
+    "fma_per_cycle",
+    "machine_of",
+    "num_cores",
+    "parallel_speedup",
+    "runtime_threads",
+    "vector_bytes",
+]
+
+
+def num_cores(target: tvm.target.Target) -> int:
+    value = target.attrs.get("num-cores")
+    return int(value) if value is not None else 1
+
+
+def vector_bytes(target: tvm.target.Target) -> int:
+    """SIMD width the target's LLVM CPU has: 64 with AVX-512, 32 with AVX2, else 16."""
+    from tvm.target.codegen import target_has_features
+
+    try:
+        if target_has_features("avx512f", target):
+            return 64
+        if target_has_features("avx2", target):
+            return 32
+    except Exception:  # noqa: BLE001, S110  (TVM raises ValueError, RuntimeError, tvm.error.*)
+        pass
+    return 16
+
+
+#: LLVM CPUs that issue one FMA of their widest vectors per cycle where most x86 cores issue
+#: two: Zen 4 runs 512-bit vectors on 256-bit units, Zen 1 256-bit ones on 128-bit units.
+_HALF_RATE_FMA = ("znver1", "znver4")
+
+
+def fma_per_cycle(target: tvm.target.Target) -> float:
+    """Vector FMAs of :func:`vector_bytes` width a core of ``target`` issues per cycle (what the
+    analytical model's compute and latency terms assume)."""
+    mcpu = str(target.attrs.get("mcpu", "")) if target.attrs is not None else ""
+    return 1.0 if mcpu in _HALF_RATE_FMA else 2.0
 
 
 class Machine(NamedTuple):

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax, te, topi
 
 from fastsearch.errors import FastsearchError, MalformedInput
-from fastsearch.tir_import import program_dict
+from fastsearch.ir.tir_import import program_dict
 
 __all__ = ["LAYOUTS", "block_channels", "blocked_layout", "legalize_blocked_conv2d", "parse_layout"]
 

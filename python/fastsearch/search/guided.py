@@ -19,18 +19,18 @@ import numpy as np
 import tvm
 
 from fastsearch import _core
-from fastsearch.cost_model import CostModel, StoreRanker
-from fastsearch.machine import Machine, machine_of
-from fastsearch.sample import (
+from fastsearch.costmodel.learned import CostModel, StoreRanker
+from fastsearch.ir.machine import Machine, machine_of
+from fastsearch.ir.target import physical_cores
+from fastsearch.ir.tir_import import program_json
+from fastsearch.search.sample import (
     Candidate,
     Postprocessor,
     base_schedule,
     replay,
     replay_all,
 )
-from fastsearch.target import physical_cores
-from fastsearch.tir_import import program_json
-from fastsearch.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
+from fastsearch.search.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
 
 #: Records needed before the learned model is used at all, and until it takes over fully.
 MIN_RECORDS = 8
@@ -78,7 +78,7 @@ History = Callable[[], Iterable[tuple[str, float]]]
 
 
 class ModelGuidedSampler:
-    """A :data:`fastsearch.tune.Sampler` that searches with a cost model trained on ``history``."""
+    """A :data:`fastsearch.tuning.tune.Sampler` that searches with a cost model trained on ``history``."""
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from fastsearch.errors import MeasurementError
+from fastsearch.errors import MeasurementError, UnsupportedWorkload
 
 __all__ = [
     "FreshTiming",
@@ -38,6 +38,7 @@ __all__ = [
     "describe_end_to_end",
     "end_to_end",
     "hollow_kernels",
+    "model_inputs",
     "paired_ratios",
     "profile_model",
     "time_in_fresh_processes",
@@ -168,7 +169,7 @@ def _run_child(spec: dict, tmp: Path, tag: str, env: dict[str, str], timeout_s: 
     spec_path = tmp / f"spec{tag}.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "fastsearch.model_timing", str(spec_path)],
+        [sys.executable, "-m", "fastsearch.graph.model_timing", str(spec_path)],
         env=env,
         check=False,
         capture_output=True,
@@ -266,14 +267,13 @@ def end_to_end(
 ) -> FreshTiming:
     """A tuned model's latency before and after tuning, in fresh processes.
 
-    ``result`` is a :class:`fastsearch.tune.TuneResult` of a Relax model and ``source`` the
+    ``result`` is a :class:`fastsearch.tuning.tune.TuneResult` of a Relax model and ``source`` the
     model as it was given to ``tune`` (before the inference pipeline). ``"untuned"`` is
     ``source`` as ``tvm.compile`` builds it with TVM's default schedules, ``"tuned"`` is
     ``result.compile()``; with ``onnx_file`` (and onnxruntime installed) ``"onnxruntime"`` runs
     the same model. Both libraries are written to the run's work directory. Every model runs on
-    the target's ``num-cores`` threads, on the same random inputs (:func:`fastsearch.models.model_inputs`);
+    the target's ``num-cores`` threads, on the same random inputs (:func:`model_inputs`);
     ``profile`` also times every VM call of the tuned model (``FreshTiming.profile``)."""
-    from fastsearch.models import model_inputs
 
     threads = int(result.target.attrs.get("num-cores", 1) or 1)
     inputs = model_inputs(source, seed=1)
@@ -486,6 +486,26 @@ def _loop_us(func: Any, args: tuple, min_s: float = 0.02, repeats: int = 3) -> f
                 break
         best = min(best, elapsed / count)
     return best * 1e6
+
+
+def model_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    """Random inputs for ``mod["main"]`` (static shapes; floats in [-1, 1), integers in [0, 8))."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for param in mod["main"].params:
+        ty = param.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise UnsupportedWorkload(f"input {param.name} is not a tensor of known shape")
+        try:
+            shape = [int(d) for d in ty.shape]
+        except TypeError:
+            raise UnsupportedWorkload(f"input {param.name} has a dynamic shape {ty.shape}") from None
+        dtype = str(ty.dtype)
+        if dtype.startswith("float"):
+            out.append(rng.uniform(-1, 1, shape).astype(dtype))
+        else:
+            out.append(rng.integers(0, 8, shape).astype(dtype))
+    return out
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from tvm.relax import op as R
 
 from fastsearch.errors import UnsupportedWorkload
 
-__all__ = ["MODELS", "bert_layer", "load_model", "mlp", "model_inputs", "resnet18", "resnet_tiny"]
+__all__ = ["MODELS", "bert_layer", "load_model", "mlp", "resnet18", "resnet_tiny"]
 
 
 def _weight(rng: np.random.Generator, *shape: int) -> relax.Expr:
@@ -160,23 +160,3 @@ def load_model(name: str) -> tvm.IRModule:
     if builder is None:
         raise UnsupportedWorkload(f"unknown model {name!r}; built-in models: {', '.join(MODELS)}")
     return builder()
-
-
-def model_inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
-    """Random inputs for ``mod["main"]`` (static shapes; floats in [-1, 1), integers in [0, 8))."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for param in mod["main"].params:
-        ty = param.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None:
-            raise UnsupportedWorkload(f"input {param.name} is not a tensor of known shape")
-        try:
-            shape = [int(d) for d in ty.shape]
-        except TypeError:
-            raise UnsupportedWorkload(f"input {param.name} has a dynamic shape {ty.shape}") from None
-        dtype = str(ty.dtype)
-        if dtype.startswith("float"):
-            out.append(rng.uniform(-1, 1, shape).astype(dtype))
-        else:
-            out.append(rng.integers(0, 8, shape).astype(dtype))
-    return out

@@ -1,6 +1,6 @@
 """Tasks of a whole Relax model: its fused operators, deduplicated, with how often each runs.
 
-The model is fused with fastsearch's own partitioner (:func:`fastsearch.partition.fuse`), so the
+The model is fused with fastsearch's own partitioner (:func:`fastsearch.graph.partition.fuse`), so the
 PrimFuncs tuned are exactly those TVM compiles. Structurally identical PrimFuncs (the same layer
 repeated) become one task whose weight is the number of calls to any of them; the database keys
 them by the PrimFunc normalized as MetaSchedule normalizes it, which is what
@@ -18,6 +18,8 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_equal, structural_hash
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
+from fastsearch.graph.partition import DEFAULT_MAX_FUSE_DEPTH, fuse
+from fastsearch.ir.tir_import import program_dict
 
 __all__ = ["ModelTask", "apply_database", "extract_tasks", "is_relax_module", "mark_layout_free_weights"]
 
@@ -84,7 +86,6 @@ def _has_loops(program: object) -> bool:
 
 def _skip_reason(func: tvm.tirx.PrimFunc, name: str) -> str | None:
     """Why a task is not worth tuning (or cannot be), else ``None``."""
-    from fastsearch.tir_import import program_dict
 
     # The VM lowers a pure reshape to a view (RewriteDataflowReshape): no kernel runs.
     if relax.analysis.has_reshape_pattern(func):
@@ -105,7 +106,7 @@ def extract_tasks(
     prepack: bool = True,
 ) -> tuple[IRModule, list[ModelTask]]:
     """Fuse a Relax model (with fastsearch's rule-based groups, or ``groups``: see
-    :func:`fastsearch.partition.group_module`) and list its tasks in program order (first call).
+    :func:`fastsearch.graph.partition.group_module`) and list its tasks in program order (first call).
 
     Returns the fused module (what ``tvm.compile`` and the database pass get) and one
     :class:`ModelTask` per distinct PrimFunc that is called; tasks without loops, pure reshapes
@@ -114,7 +115,6 @@ def extract_tasks(
     marked layout-free: a schedule may read it in another layout, which
     :func:`apply_database` computes once, when the model is compiled.
     """
-    from fastsearch.partition import DEFAULT_MAX_FUSE_DEPTH, fuse
 
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
         raise UnsupportedWorkload("the Relax module has no function `main` to tune")

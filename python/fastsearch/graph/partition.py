@@ -314,7 +314,7 @@ def group_module(
 
     ``groups`` replaces the rule-based grouping: node indices of :func:`extract_graph`'s graph
     of the prepared module, groups in an order where each follows its inputs (what
-    :func:`partition_groups` and ``fastsearch.fusion_search`` give)."""
+    :func:`partition_groups` and ``fastsearch.tuning.fusion_search`` give)."""
     mod = prepare(mod)
     graph = extract_graph(mod, func_name)
     if groups is None:

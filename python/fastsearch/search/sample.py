@@ -19,7 +19,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from fastsearch import _core
 from fastsearch.errors import InternalError
-from fastsearch.tir_import import main_function, program_json
+from fastsearch.ir.machine import num_cores
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import main_function, program_json
 
 
 @dataclass
@@ -88,37 +90,6 @@ class Postprocessor:
                 self.rejected_by = type(post).__name__
                 return False
         return True
-
-
-def num_cores(target: tvm.target.Target) -> int:
-    value = target.attrs.get("num-cores")
-    return int(value) if value is not None else 1
-
-
-def vector_bytes(target: tvm.target.Target) -> int:
-    """SIMD width the target's LLVM CPU has: 64 with AVX-512, 32 with AVX2, else 16."""
-    from tvm.target.codegen import target_has_features
-
-    try:
-        if target_has_features("avx512f", target):
-            return 64
-        if target_has_features("avx2", target):
-            return 32
-    except Exception:  # noqa: BLE001, S110  (TVM raises ValueError, RuntimeError, tvm.error.*)
-        pass
-    return 16
-
-
-#: LLVM CPUs that issue one FMA of their widest vectors per cycle where most x86 cores issue
-#: two: Zen 4 runs 512-bit vectors on 256-bit units, Zen 1 256-bit ones on 128-bit units.
-_HALF_RATE_FMA = ("znver1", "znver4")
-
-
-def fma_per_cycle(target: tvm.target.Target) -> float:
-    """Vector FMAs of :func:`vector_bytes` width a core of ``target`` issues per cycle (what the
-    analytical model's compute and latency terms assume)."""
-    mcpu = str(target.attrs.get("mcpu", "")) if target.attrs is not None else ""
-    return 1.0 if mcpu in _HALF_RATE_FMA else 2.0
 
 
 def base_schedule(func: tvm.tirx.PrimFunc) -> Schedule:
@@ -196,7 +167,6 @@ def sample(mod: Any, target: Any = None, *, n: int = 32, seed: int = 0) -> list[
     Each trace applies to a schedule of the function with ``Trace.apply_to_schedule`` and
     includes the postprocessing MetaSchedule does before a build.
     """
-    from fastsearch.target import resolve_target
 
     _, func = main_function(mod)
     tgt = resolve_target(target)

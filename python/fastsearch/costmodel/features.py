@@ -16,8 +16,9 @@ import numpy as np
 
 from fastsearch import _core
 from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
-from fastsearch.loop_nest import trace_json
-from fastsearch.tir_import import main_function, program_json
+from fastsearch.ir.loop_nest import trace_json
+from fastsearch.ir.target import resolve_target
+from fastsearch.ir.tir_import import main_function, program_json
 
 N_FEATURES = 164
 
@@ -88,7 +89,7 @@ FEATURE_NAMES = (
 
 def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
     """Features of each trace (JSON text) on a program model (JSON from
-    ``fastsearch.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
+    ``fastsearch.ir.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
     return _core.extract_features(program, list(traces))
 
 
@@ -99,8 +100,6 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
     a GPU target is refused."""
     if target is not None:
-        from fastsearch.target import resolve_target
-
         t = resolve_target(target)  # an unknown or malformed target is an InvalidTarget naming it
         if "gpu" in [str(k) for k in t.keys]:
             raise UnsupportedWorkload("per-store features are implemented for CPU targets only")

@@ -1,6 +1,6 @@
 """The learned cost models: XGBoost on fastsearch's sketch features, retrained online
 (:class:`CostModel`), and on MetaSchedule's per-store features pooled per candidate
-(:class:`StoreFeatureModel`, used by ``fastsearch.tvm.CostModel``).
+(:class:`StoreFeatureModel`, used by ``fastsearch.metaschedule.CostModel``).
 
 Labels are relative throughput (``best latency / latency``, 0 for a failed candidate), so the
 model speaks the same scale as the analytical estimate it is blended with in the Rust scorer.
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fastsearch import _core
-from fastsearch.features import N_FEATURES as N_STORE_FEATURES
+from fastsearch.costmodel.features import N_FEATURES as N_STORE_FEATURES
 
 #: XGBoost parameters: small trees, as the records of one run are few (tens to hundreds).
 XGB_PARAMS = {

@@ -21,7 +21,7 @@ from tvm.sym import Analyzer as _Analyzer
 from tvm.tirx import expr as _E
 
 from fastsearch import _core
-from fastsearch.tir_import import program_json
+from fastsearch.ir.tir_import import program_json
 
 _FOR_KIND = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread_binding"}
 

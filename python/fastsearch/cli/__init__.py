@@ -1,0 +1,5 @@
+"""The ``fastsearch`` command (``main``)."""
+
+from fastsearch.cli.main import main
+
+__all__ = ["main"]

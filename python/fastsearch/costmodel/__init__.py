@@ -1,0 +1,2 @@
+"""Scoring candidates: per-store features (``features``) and the learned models trained on a
+run's measurements (``learned``)."""
