@@ -145,6 +145,7 @@ def family_param(family: str):
     return family
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [family_param(f) for f in FAMILIES])
 def test_matches_per_store_feature_on_design_spaces(family: str) -> None:
     func = te_workload.create_te_workload(family, 0)

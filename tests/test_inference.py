@@ -46,6 +46,7 @@ def zoo_model(request):
     return request.param, model, feeds, onnx_zoo.reference_outputs(model, feeds)[0]
 
 
+@pytest.mark.tuning
 def test_each_step_keeps_the_reference_outputs(zoo_model) -> None:
     """The imported model, then the pipeline cut after each step, then fused by fastsearch's
     partitioner: all compute what ONNX's reference evaluator computes."""
@@ -61,6 +62,7 @@ def test_each_step_keeps_the_reference_outputs(zoo_model) -> None:
     assert tasks, name
 
 
+@pytest.mark.tuning
 def test_batch_norm_is_folded_into_the_convolutions(zoo_model) -> None:
     name, model, _, _ = zoo_model
     report = InferenceReport()
@@ -224,6 +226,7 @@ def test_hollow_kernels_keeps_the_vm_program_and_drops_the_work() -> None:
     assert _run(hollow, feeds).shape == _run(fused, feeds).shape
 
 
+@pytest.mark.tuning
 def test_cli_reports_a_zoo_model_before_after_and_onnxruntime(tmp_path) -> None:
     pytest.importorskip("onnxruntime", reason="the comparison line needs onnxruntime")
     # A zoo name: the command writes the ONNX file into the work directory and reads it back.

@@ -32,6 +32,7 @@ def _close(got: np.ndarray, ref: np.ndarray) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
 
 
+@pytest.mark.tuning
 @pytest.mark.parametrize("name", ["mobilenet-v2-small", "resnet-18-small", "inception-block-small"])
 @pytest.mark.parametrize("layout", ["NCHWc", "NCHW16c"])
 def test_blocked_models_compute_the_reference_outputs(name: str, layout: str) -> None:
@@ -95,6 +96,7 @@ def test_layout_arguments() -> None:
             parse_layout(bad)
 
 
+@pytest.mark.tuning
 def test_a_tuned_blocked_model_matches_the_reference(tmp_path) -> None:
     model = onnx_zoo.build("mobilenet-v2-small")
     feeds = onnx_zoo.model_input(model)

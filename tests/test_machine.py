@@ -34,6 +34,7 @@ def _probe(**env: str) -> list[str]:
     return out.stdout.split()
 
 
+@pytest.mark.slow
 def test_speedup_is_the_runtime_thread_count_below_the_core_count():
     # A process whose runtime runs one thread, for a 4-core target: the model expects no speedup.
     assert _probe(TVM_NUM_THREADS="1") == ["1", "1.0"]
