@@ -12,15 +12,14 @@ Measured candidates go to ``--out-dir/<workload>.json`` (genome and seconds); ``
 scores those files again with the installed model, so a model change can be evaluated on the
 same measurements without timing anything:
 
-    python benches/analytical_accuracy.py --n 128 --seed 7 --out-dir analytical
-    python benches/analytical_accuracy.py --out-dir analytical --report
+    python -m benches.analytical_accuracy --n 128 --seed 7 --out-dir analytical
+    python -m benches.analytical_accuracy --out-dir analytical --report
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +31,8 @@ from fastsearch.ir.machine import fma_per_cycle, machine_of, num_cores, vector_b
 from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import program_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_keys import measure_keys
-from suite import DEFAULT_WORKLOADS
+from benches.measure_keys import measure_keys
+from benches.suite import DEFAULT_WORKLOADS
 
 
 def _file(out_dir: Path, workload: str) -> Path:

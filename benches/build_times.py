@@ -3,7 +3,7 @@
 A run's build time is the sum over its candidates; this says which candidates it went to, with
 each one's genome (rules, tiles, unroll index) and the latency it measured:
 
-    python benches/build_times.py --out-dir ~/fastsearch-runs/suite256 \
+    python -m benches.build_times --out-dir ~/fastsearch-runs/suite256 \
         --run run_TBG_0_s2_t256 --first 64 --last 96
 
 Each candidate is replayed from the run's database and compiled with ``tvm.compile`` in this
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +22,7 @@ import tvm
 from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _compile, _mean_us, _records_in_order, fastsearch_dir
+from benches.runs import compile_record, fastsearch_dir, mean_us, records_in_order
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if work is None:
         parser.error(f"no fastsearch database kept for {args.run} in {args.out_dir}")
     workload = load_workload(run["workload"])
-    records = _records_in_order(work, workload.func)
+    records = records_in_order(work, workload.func)
     genomes: dict[str, str] = {}
     genome_file = work / "fastsearch_search.main.genomes.jsonl"
     if genome_file.exists():
@@ -54,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.first, last):
         rec = records[i]
         start = time.perf_counter()
-        _compile(rec, target)
+        compile_record(rec, target)
         secs = time.perf_counter() - start
         took.append(secs)
         print(
-            f"{i}\t{secs:.2f}\t{_mean_us(rec):.1f}\t{genomes.get(candidate_key(rec.trace), '-')}", flush=True
+            f"{i}\t{secs:.2f}\t{mean_us(rec):.1f}\t{genomes.get(candidate_key(rec.trace), '-')}", flush=True
         )
     if took:
         print(f"# {len(took)} candidates: {sum(took):.1f} s, median {statistics.median(took):.2f} s")

@@ -6,7 +6,7 @@ compiled from their databases and re-timed here with one and the same ``time_eva
 so the comparison does not depend on how each measured during tuning. numpy's ``matmul`` on the
 same shape is the physical reference.
 
-    python benches/compare_gmm.py --trials 64 --out gmm.md
+    python -m benches.compare_gmm --trials 64 --out gmm.md
 """
 
 from __future__ import annotations

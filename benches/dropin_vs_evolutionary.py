@@ -5,7 +5,7 @@ MetaSchedule with its defaults (EvolutionarySearch, XGBModel). Each run's best s
 compiled from its database with ``compile_tir`` and re-timed at the end, all runs' bests
 interleaved, so both sides are timed under the same machine load.
 
-    python benches/dropin_vs_evolutionary.py --families GMM C2D CBR --seeds 0 1 --trials 16
+    python -m benches.dropin_vs_evolutionary --families GMM C2D CBR --seeds 0 1 --trials 16
 
 ``--workloads GMM:2 C2D:3 ...`` takes the suite's shapes instead of the tests' small ones; each
 pair of bests is then re-timed in ``--retime-processes`` fresh processes
@@ -29,11 +29,8 @@ from fastsearch.ir.target import resolve_target
 from fastsearch.measure.measurer import build_module, random_arguments
 from tvm.s_tir import meta_schedule as ms
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from workloads import small
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import pair, retime_in_processes
+from benches.kernel_retime import pair, retime_in_processes
+from tests.workloads import small
 
 
 def tune(

@@ -6,7 +6,7 @@ then ``PerStoreFeature.extract_from`` on the batch. Ours: ``extract_features_jso
 JSON (the replay happens in our engine, in parallel). Trace-to-JSON conversion is done up front
 and not timed. Reports candidates per second for both, and the ratio.
 
-    python benches/features_vs_tvm.py --per-family 40 --repeat 3
+    python -m benches.features_vs_tvm --per-family 40 --repeat 3
 """
 
 from __future__ import annotations

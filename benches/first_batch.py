@@ -5,7 +5,7 @@ seed, the proposals of ``_core.propose`` with no records (analytical model only)
 Evolving on the analytical score alone can hurt: it finds the candidates the model over-rates
 most. This is the measurement behind ``fastsearch.search.guided.COLD_GENERATIONS``:
 
-    python benches/first_batch.py --seeds 0 1 2 --out ~/fastsearch-runs/first_batch/first_batch.json
+    python -m benches.first_batch --seeds 0 1 2 --out ~/fastsearch-runs/first_batch/first_batch.json
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +22,8 @@ from fastsearch.ir.machine import fma_per_cycle, num_cores, vector_bytes
 from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import program_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from measure_keys import measure_keys
-from suite import DEFAULT_WORKLOADS
+from benches.measure_keys import measure_keys
+from benches.suite import DEFAULT_WORKLOADS
 
 #: (population, generations) settings compared; the first is the reference.
 SETTINGS = {"p2048g4": (2048, 4), "p2048g1": (2048, 1), "p2048g0": (2048, 0), "p256g0": (256, 0)}

@@ -8,7 +8,7 @@ output, and timed here in interleaved rounds. A run directory already tuned to t
 not tuned again (its recorded wall time is kept): delete ``OUT/MODEL/search`` to re-run only the
 search against the same rule-based run.
 
-    python benches/fusion_search.py --models bert-layer resnet-18 --trials 300 \\
+    python -m benches.fusion_search --models bert-layer resnet-18 --trials 300 \\
         --out-dir ~/fastsearch-runs/fusion_search
 """
 
@@ -28,8 +28,10 @@ from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_inte
 from fastsearch.graph.partition import partition
 from fastsearch.ir.target import resolve_target
 from fastsearch.testing.relax_models import load_model
+from fastsearch.tuning.options import FusionSearch
 from fastsearch.tuning.tune import tune
-from run_meta import run_metadata
+
+from benches.run_meta import run_metadata
 
 
 def run(model: str, target: tvm.target.Target, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -45,8 +47,7 @@ def run(model: str, target: tvm.target.Target, args: argparse.Namespace, out: Pa
             trials=args.trials,
             seed=args.seed,
             work_dir=out / model / fusion,
-            fusion=fusion,
-            fusion_share=args.share,
+            fusion=FusionSearch(share=args.share) if fusion == "search" else "rules",
             progress=False,
         )
         # A run directory tuned before (its trials all stored) keeps the wall time it took then.

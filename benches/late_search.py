@@ -10,7 +10,7 @@ run's ``work_dir``): the share of late records whose trace differs from the best
 instructions (not only in its decisions), and its improvements (S: other instructions, else how many
 decisions differ). Writes ``late_search.md`` into the out-dir:
 
-    python benches/late_search.py --out-dir ~/fastsearch-runs/suite256
+    python -m benches.late_search --out-dir ~/fastsearch-runs/suite256
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any
 
 from fastsearch.database import mean_run_secs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import fastsearch_dir, metaschedule_dir
+from benches.runs import fastsearch_dir, metaschedule_dir
 
 #: fastsearch proposes and measures in batches of this size in the suite (tune's default).
 BATCH = 16

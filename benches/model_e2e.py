@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_in_fresh_processes
     from fastsearch.ir.target import resolve_target
     from fastsearch.testing.relax_models import load_model
-    from run_meta import run_metadata
+
+    from benches.run_meta import run_metadata
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,5 +271,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_meta
     sys.exit(main())

@@ -9,7 +9,7 @@ alternating order) and times them in ``--repeat`` interleaved rounds
 (:func:`fastsearch.graph.model_timing.time_interleaved`); the report gives every process's ratio, the
 median over processes, and the median of all per-round ratios pooled.
 
-    python benches/model_retime.py /tmp/e2e_r18 --processes 5 --repeat 20
+    python -m benches.model_retime /tmp/e2e_r18 --processes 5 --repeat 20
 
 (the ``--out-dir`` of a ``model_e2e.py`` run, which holds its databases; the repository keeps
 only runs' summaries)
@@ -29,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_meta import run_metadata
+from benches.run_meta import run_metadata
 
 TUNERS = ("fastsearch", "metaschedule")
 
@@ -156,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Outputs match the untuned model's in every process: {'yes' if summary['all_match'] else 'NO'}."
         ),
         "",
-        f"Command: `python benches/model_retime.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"Command: `python -m benches.model_retime {' '.join(argv if argv is not None else sys.argv[1:])}`",
     ]
     (e2e / "retime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -10,8 +10,8 @@ question the model answers inside a run: which of the search's next proposals is
 Models: the sketch-feature XGBoost of ``fastsearch.costmodel.learned.CostModel`` at several tree depths,
 and the per-store-feature model (``StoreFeatureModel``) on the same candidates.
 
-    python benches/next_batch_ranking.py /tmp/suite256a /tmp/suite256b
-    python benches/next_batch_ranking.py --starts 16 32 48 --window 16 /tmp/suite256a
+    python -m benches.next_batch_ranking /tmp/suite256a /tmp/suite256b
+    python -m benches.next_batch_ranking --starts 16 32 48 --window 16 /tmp/suite256a
 
 (``--out-dir`` folders of ``suite.py`` runs whose databases are on disk; the repository keeps
 only runs' summaries)
@@ -31,8 +31,7 @@ from fastsearch.costmodel.learned import CostModel, StoreFeatureModel, pairwise_
 from fastsearch.database import candidate_key
 from fastsearch.ir.tir_import import program_json
 
-sys.path.insert(0, str(Path(__file__).parent))
-from suite import _mean_us, _records_in_order
+from benches.runs import mean_us, records_in_order
 
 DEPTHS = (6, 4, 3, 2)
 
@@ -50,11 +49,11 @@ def _run_records(run: dict) -> tuple[str, list[str], np.ndarray, dict[str, str]]
         genomes[entry["key"]] = entry["genome"]
     keys: list[str] = []
     lats: list[float] = []
-    for rec in _records_in_order(work, func):
+    for rec in records_in_order(work, func):
         key = candidate_key(rec.trace)
         if key in genomes and key not in keys:  # a final round's re-stored winner counts once
             keys.append(key)
-            lats.append(_mean_us(rec))
+            lats.append(mean_us(rec))
     return program_json(func), keys, np.array(lats), genomes
 
 

@@ -7,7 +7,7 @@ sums weighted by each task's calls come last (weights from ``model_e2e.py``'s re
 It tells kernel-level differences from what happens only inside the model (cold caches between
 kernels). The databases are read from copies, so nothing is written into them.
 
-    python benches/per_task_retime.py /tmp/e2e_r18
+    python -m benches.per_task_retime /tmp/e2e_r18
 
 (the ``--out-dir`` of a ``model_e2e.py`` run; the repository keeps only runs' summaries)
 """

@@ -9,7 +9,7 @@ measured) and whether the best measured is among the top-8 predicted, for:
 
 Records are appended to ``--records`` (JSON lines) and reused on the next run.
 
-    python benches/rank_models.py --per-workload 48 GMM:2 C2D:1 CBR:1 C1D:2 --out rank.md
+    python -m benches.rank_models --per-workload 48 GMM:2 C2D:1 CBR:1 C1D:2 --out rank.md
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Models, all on the same records:
   (``fastsearch.costmodel.learned.StoreFeatureModel``, the model of the drop-in
   ``fastsearch.metaschedule.CostModel``) and with a pairwise ranking objective (one query group per task).
 
-    python benches/rank_vs_xgbmodel.py --suite-dir suite64 --out rank_heldout.md
+    python -m benches.rank_vs_xgbmodel --suite-dir suite64 --out rank_heldout.md
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ from fastsearch.ir.target import resolve_target
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _mean_us, _records_in_order, fastsearch_dir, metaschedule_dir
+from benches.runs import fastsearch_dir, mean_us, metaschedule_dir, records_in_order
 
 # the ranking variant trains with the regression model's parameters and rounds
 XGB_PARAMS = {k: v for k, v in STORE_XGB_PARAMS.items() if k != "objective"}
@@ -71,9 +70,9 @@ def load_tasks(suite_dir: Path) -> dict[str, dict[str, Any]]:
         # Each tuner's database, from the run's work directory or the copy the suite kept.
         for d in (fastsearch_dir(run, suite_dir, path.stem), metaschedule_dir(run, suite_dir, path.stem)):
             if d is not None and (d / "database_tuning_record.json").exists():
-                task["records"].extend(_records_in_order(d, func))
+                task["records"].extend(records_in_order(d, func))
     for task in tasks.values():
-        task["latency_us"] = np.array([_mean_us(r) for r in task["records"]])
+        task["latency_us"] = np.array([mean_us(r) for r in task["records"]])
     return tasks
 
 

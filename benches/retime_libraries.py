@@ -8,7 +8,7 @@ checked against ONNX's reference evaluator.
 
     fastsearch tune --model mobilenet-v2-small --trials 300 --layout NCHW --work-dir /tmp/nchw
     fastsearch tune --model mobilenet-v2-small --trials 300 --layout NCHWc --work-dir /tmp/nchwc
-    python benches/retime_libraries.py --zoo mobilenet-v2-small --threads 2 \\
+    python -m benches.retime_libraries --zoo mobilenet-v2-small --threads 2 \\
         nchw=/tmp/nchw/model_tuned.so nchwc=/tmp/nchwc/model_tuned.so
 """
 

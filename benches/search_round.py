@@ -8,7 +8,7 @@ scores (``rerank``) and TVM's replay of the batch (``replay``). Nothing is measu
 Rounds of different code can be compared side by side by running this script from each
 installation in turn on the same suite.
 
-    python benches/search_round.py --out-dir ~/fastsearch-runs/suite256 --records 64 160 240
+    python -m benches.search_round --out-dir ~/fastsearch-runs/suite256 --records 64 160 240
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from fastsearch.ir.target import resolve_target
 from fastsearch.search.guided import ModelGuidedSampler
 from fastsearch.search.sample import Postprocessor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _records_in_order, fastsearch_dir
+from benches.runs import fastsearch_dir, records_in_order
 
 PARTS = ("model", "propose", "rerank", "replay")
 
@@ -39,7 +38,7 @@ def time_round(run: dict, fs_dir: Path, records: int, batch: int, seed: int) -> 
     target = resolve_target(None)
     history: list[tuple[str, float]] = []
     seen: set[str] = set()
-    for rec in _records_in_order(fs_dir, func):
+    for rec in records_in_order(fs_dir, func):
         key = candidate_key(rec.trace)
         if key in seen:
             continue  # a final round's winner, stored again

@@ -21,15 +21,14 @@ genomes, gzipped, to ``--out-dir/fastsearch/<run>/`` (``--retime`` and ``late_se
 them once the run's temporary work directory is gone); runs already there are
 skipped, so an interrupted suite resumes. ``--report`` aggregates every run found into ``suite.md`` and PNG curves:
 
-    python benches/suite.py --workloads GMM:2 C2D:1 --seeds 0 1 2 --trials 64 --out-dir suite64
-    python benches/suite.py --out-dir suite64 --report
+    python -m benches.suite --workloads GMM:2 C2D:1 --seeds 0 1 2 --trials 64 --out-dir suite64
+    python -m benches.suite --out-dir suite64 --report
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import json
 import math
 import os
@@ -44,16 +43,23 @@ from typing import Any
 
 import tvm
 from fastsearch.cli.main import load_workload
-from fastsearch.database import candidate_key
 from fastsearch.ir.target import physical_cores, resolve_target
-from fastsearch.tuning.tune import tune
+from fastsearch.tuning import loop
+from fastsearch.tuning.options import TuningPlan
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_gmm import run_metaschedule
-from kernel_retime import retime_in_processes, summarize
+from benches.compare_gmm import run_metaschedule
+from benches.kernel_retime import retime_in_processes, summarize
+from benches.runs import (
+    best_within,
+    compile_record,
+    fastsearch_dir,
+    keep_fastsearch,
+    mean_us,
+    metaschedule_dir,
+    records_in_order,
+)
 
 #: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
 DEFAULT_WORKLOADS = ["GMM:2", "C1D:2", "C2D:1", "C2D:3", "DEP:1", "CBR:1", "TBG:0", "SFM:0"]
@@ -82,90 +88,6 @@ class _Curve(ms.measure_callback.PyMeasureCallback):
 
 
 _Curve = derived_object(_Curve)
-
-
-def _records_in_order(work_dir: Path, func: Any) -> list[ms.database.TuningRecord]:
-    """Tuning records in the order they were committed (the JSON lines' order)."""
-    db = ms.database.JSONDatabase(work_dir=str(work_dir))
-    workload = db.commit_workload(_normalize_mod(func))
-    out = []
-    for line in (work_dir / "database_tuning_record.json").read_text().splitlines():
-        if line.strip():
-            _, rec = json.loads(line)
-            out.append(ms.database.TuningRecord.from_json(rec, workload))
-    return out
-
-
-#: What of a fastsearch work directory a suite keeps (gzipped), so that its records can be
-#: re-timed and analysed after the temporary work directory is gone.
-_FASTSEARCH_KEPT = (
-    "database_workload.json",
-    "database_tuning_record.json",
-    "fastsearch_search.main.genomes.jsonl",
-)
-
-
-def keep_fastsearch(work: Path, kept: Path) -> None:
-    """Gzipped copies of fastsearch's database and genomes from ``work`` in ``kept``."""
-    kept.mkdir(parents=True, exist_ok=True)
-    for name in _FASTSEARCH_KEPT:
-        if (work / name).exists():
-            with gzip.open(kept / f"{name}.gz", "wb", compresslevel=9) as out:
-                out.write((work / name).read_bytes())
-
-
-def fastsearch_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path | None:
-    """A run's fastsearch work directory: still in its ``work_dir``, or unpacked from the copy the
-    suite kept in ``out_dir/fastsearch/<stem>`` (None when neither exists)."""
-    work = Path(run["work_dir"]) / "fastsearch"
-    if (work / "database_tuning_record.json").exists():
-        return work
-    kept = out_dir / "fastsearch" / stem
-    if not (kept / "database_tuning_record.json.gz").exists():
-        return None
-    unpacked = Path(tempfile.mkdtemp(prefix=f"kept_{stem}_"))
-    for gz in kept.glob("*.gz"):
-        (unpacked / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
-    return unpacked
-
-
-def metaschedule_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path:
-    """A run's MetaSchedule database folder: the copy the suite kept in
-    ``out_dir/metaschedule/<stem>`` when there is one, else the run's ``work_dir``."""
-    kept = out_dir / "metaschedule" / stem
-    if (kept / "database_tuning_record.json").exists():
-        return kept
-    return Path(run["work_dir"]) / "metaschedule"
-
-
-def _mean_us(rec: ms.database.TuningRecord) -> float:
-    secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else []
-    return statistics.fmean(secs) * 1e6 if secs and max(secs) < 1e9 else math.inf
-
-
-def _compile(rec: ms.database.TuningRecord, target: tvm.target.Target) -> Any:
-    sch = tvm.s_tir.Schedule(rec.workload.mod)
-    rec.trace.apply_to_schedule(sch, remove_postproc=False)
-    return tvm.compile(sch.mod, target=target)
-
-
-def _best_within(
-    records: list[ms.database.TuningRecord], n: int, last: bool = True
-) -> ms.database.TuningRecord | None:
-    """The best record of the first ``n`` candidates measured. A candidate stored again (the
-    winner of fastsearch's final round, after the run's last trial) counts at the ``last``
-    checkpoint only."""
-    first: dict[str, int] = {}
-    within = []
-    for rec in records:
-        key = candidate_key(rec.trace)
-        if key not in first:
-            first[key] = len(first)
-        elif not last:
-            continue
-        if first[key] < n and math.isfinite(_mean_us(rec)):
-            within.append(rec)
-    return min(within, key=_mean_us) if within else None
 
 
 def _curve(points: list[tuple[int, float, float | None]]) -> list[list[float | None]]:
@@ -202,16 +124,9 @@ def run_one(
     load_start = os.getloadavg()[0]
 
     t0 = time.perf_counter()
-    fs = tune(
-        func,
-        target,
-        trials=trials,
-        seed=seed,
-        work_dir=work / "fastsearch",
-        name="main",
-        progress=False,
-        _rerank=rerank,
-    )
+    # The loop itself, with the late re-ranking on or off (tune() has no such option).
+    plan = TuningPlan(target, trials, seed, work / "fastsearch", "main", progress=False, rerank=rerank)
+    fs = loop.run(func, plan)
     fs_wall = time.perf_counter() - t0
     fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
 
@@ -231,8 +146,8 @@ def run_one(
         keep.mkdir(parents=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
             shutil.copy(ms_dir / name, keep / name)
-    fs_records = _records_in_order(work / "fastsearch", func)
-    ms_records = _records_in_order(ms_dir, func)
+    fs_records = records_in_order(work / "fastsearch", func)
+    ms_records = records_in_order(ms_dir, func)
     result: dict[str, Any] = {
         "workload": workload,
         "shape": list(wl.shape),
@@ -252,17 +167,17 @@ def run_one(
             "wall_s": ms_wall,
             "profile": profile,
             "measured": len(ms_records),
-            "failed": sum(1 for r in ms_records if not math.isfinite(_mean_us(r))),
+            "failed": sum(1 for r in ms_records if not math.isfinite(mean_us(r))),
             "curve": _curve(ms_points),
             "points": [list(p) for p in ms_points],
         },
         "checkpoints": {},
     }
     for n in checkpoints:
-        fs_best, ms_best = _best_within(fs_records, n, n == trials), _best_within(ms_records, n)
+        fs_best, ms_best = best_within(fs_records, n, n == trials), best_within(ms_records, n)
         entry: dict[str, Any] = {
-            "fastsearch_tuned_us": _mean_us(fs_best) if fs_best else None,
-            "metaschedule_tuned_us": _mean_us(ms_best) if ms_best else None,
+            "fastsearch_tuned_us": mean_us(fs_best) if fs_best else None,
+            "metaschedule_tuned_us": mean_us(ms_best) if ms_best else None,
         }
         if fs_best and ms_best:
             entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes))
@@ -291,7 +206,7 @@ def _retime_pair(
 ) -> dict[str, Any]:
     """Both bests compiled, then timed together in ``processes`` fresh processes
     (:mod:`kernel_retime`): medians over processes and the median per-process ratio."""
-    libs = [_compile(fs_best, target), _compile(ms_best, target)]
+    libs = [compile_record(fs_best, target), compile_record(ms_best, target)]
     out = summarize(retime_in_processes(libs, func, repeat, processes))
     out["retime_processes"] = processes
     out["retime_rounds"] = repeat
@@ -316,11 +231,11 @@ def retime_runs(out_dir: Path, repeat: int, processes: int) -> None:
             )
             continue
         func = load_workload(run["workload"]).func
-        fs_records = _records_in_order(fs_dir, func)
-        ms_records = _records_in_order(ms_dir, func)
+        fs_records = records_in_order(fs_dir, func)
+        ms_records = records_in_order(ms_dir, func)
         for n, entry in run["checkpoints"].items():
             last = int(n) == max(int(x) for x in run["checkpoints"])
-            fs_best, ms_best = _best_within(fs_records, int(n), last), _best_within(ms_records, int(n))
+            fs_best, ms_best = best_within(fs_records, int(n), last), best_within(ms_records, int(n))
             if not (fs_best and ms_best):
                 continue
             if "retime_processes" not in entry:

@@ -2,7 +2,7 @@
 MetaSchedule record, where its padding is computed. Shows how much a single decision is worth
 on this machine (what the analytical model has to know), on the suite's own records:
 
-    python benches/variant_probe.py ~/fastsearch-runs/suite64/run_DEP_1_s0_t64.json \\
+    python -m benches.variant_probe ~/fastsearch-runs/suite64/run_DEP_1_s0_t64.json \\
         --tuner metaschedule --rank 0 --locations -2 -1 7
 
 prints the record's own decisions, then every (location, unroll) variant re-timed side by side
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import tvm
@@ -23,8 +22,7 @@ from fastsearch.cli.main import load_workload
 from fastsearch.ir.target import resolve_target
 from fastsearch.search.sample import Postprocessor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import retime_in_processes
+from benches.kernel_retime import retime_in_processes
 
 
 def _records(path: Path) -> list[list]:

@@ -6,7 +6,7 @@ loop vectorizer takes the loop above it (`model::analytical::llvm_vector_loop`).
 candidates from fastsearch's sketches, keeps the best-estimated of each path, builds them and
 times them side by side in one fresh process, and prints measured time against the estimate:
 
-    python benches/vector_paths.py C2D:1 DEP:1 --per-path 12
+    python -m benches.vector_paths C2D:1 DEP:1 --per-path 12
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import tvm
@@ -26,8 +24,7 @@ from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import program_json
 from fastsearch.search.sample import Postprocessor, base_schedule, replay
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import retime_in_processes
+from benches.kernel_retime import retime_in_processes
 
 #: The sketches' unroll depths (`sketch::UNROLL_CANDIDATES`), which genomes index.
 UNROLL_DEPTHS = (0, 16, 64, 512)

@@ -10,8 +10,8 @@ re-timed against the cold run's final best, both compiled from their databases a
 together in ``--retime-processes`` fresh processes (:mod:`kernel_retime`; the median of the
 per-process ratios, <= 1: the warm run got there within a third of the trials).
 
-    python benches/warm_start.py --out-dir warm --families GMM:0,1,3:2 C2D:0,1,3:2
-    python benches/warm_start.py --out-dir warm --report
+    python -m benches.warm_start --out-dir warm --families GMM:0,1,3:2 C2D:0,1,3:2
+    python -m benches.warm_start --out-dir warm --report
 
 Each family is ``FAMILY:SOURCES:TARGET`` (shape indices of ``fastsearch workloads``). Runs
 already in ``--out-dir`` are kept, so an interrupted benchmark resumes; ``--report`` writes
@@ -38,9 +38,8 @@ from fastsearch.search.warm_start import WarmStart
 from fastsearch.tuning.tune import tune
 from tvm.s_tir import meta_schedule as ms
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_retime import pair, retime_in_processes
-from suite import _best_within, _compile, _records_in_order
+from benches.kernel_retime import pair, retime_in_processes
+from benches.runs import best_within, compile_record, records_in_order
 
 DEFAULT_FAMILIES = ["GMM:0,1,3:2", "C2D:0,1,3:2", "C1D:0,1,3:2", "DEP:0,2,3:1"]
 
@@ -117,13 +116,16 @@ def run_family(
         )
         warm_wall = time.perf_counter() - t0
         third = math.ceil(trials / 3)
-        cold_best = _best_within(_records_in_order(scratch / "cold", func), trials)  # final round included
-        warm_best = _best_within(_records_in_order(scratch / "warm", func), third, last=False)
+        cold_best = best_within(records_in_order(scratch / "cold", func), trials)  # final round included
+        warm_best = best_within(records_in_order(scratch / "warm", func), third, last=False)
         retimed = None
         if cold_best is not None and warm_best is not None:
             # in fresh processes, each timing both (benches/kernel_retime.py)
             rows = retime_in_processes(
-                [_compile(cold_best, target), _compile(warm_best, target)], func, repeat, processes
+                [compile_record(cold_best, target), compile_record(warm_best, target)],
+                func,
+                repeat,
+                processes,
             )
             warm_us, cold_us, ratios = pair(rows, 1, 0)
             retimed = {

@@ -16,7 +16,8 @@ from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE
 from fastsearch.ir.target import resolve_target
 from fastsearch.measure.measurer import CandidateFault, MeasureConfig, Measurer, random_arguments
 from fastsearch.search.sample import sample_candidates
-from fastsearch.tuning.tune import APPLY_FAILURES_FILE, tune
+from fastsearch.tuning.loop import APPLY_FAILURES_FILE
+from fastsearch.tuning.tune import tune
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod

@@ -20,6 +20,7 @@ from fastsearch.graph.partition import (
     prepare,
 )
 from fastsearch.tuning.fusion_search import _verdict
+from fastsearch.tuning.options import FusionSearch
 from partition_models import bert_layer, branches_and_concat, resnet
 from tvm import relax
 
@@ -101,15 +102,15 @@ def test_fusion_argument_errors(tmp_path: Path) -> None:
     prim = tvm.IRModule({"main": kernel})
     with pytest.raises(fastsearch.UnsupportedWorkload, match="Relax model"):
         fastsearch.tune(prim, trials=1, work_dir=tmp_path, fusion="search")
-    with pytest.raises(ValueError, match="fusion_share"):
-        fastsearch.tune(bert_layer(), trials=1, work_dir=tmp_path, fusion="search", fusion_share=1.0)
+    with pytest.raises(ValueError, match="share"):
+        fastsearch.tune(bert_layer(), trials=1, work_dir=tmp_path, fusion=FusionSearch(share=1.0))
     assert not any(tmp_path.iterdir())  # nothing written
 
 
 def test_fusion_search_tunes_the_slowest_changes_and_keeps_only_measured_wins(tmp_path: Path) -> None:
     mod = bert_layer()
     result = fastsearch.tune(
-        mod, trials=48, work_dir=tmp_path, fusion="search", fusion_share=0.34, fusion_rounds=8, progress=False
+        mod, trials=48, work_dir=tmp_path, fusion=FusionSearch(share=0.34, rounds=8), progress=False
     )
     report = result.fusion
     assert report is not None
@@ -144,7 +145,7 @@ def test_changes_that_cannot_save_enough_get_no_trials(tmp_path: Path) -> None:
     mod = bert_layer()
     # No copy kernel is 90% of the model: every trial goes to the rule grouping.
     result = fastsearch.tune(
-        mod, trials=24, work_dir=tmp_path, fusion="search", fusion_min_gain=0.9, progress=False
+        mod, trials=24, work_dir=tmp_path, fusion=FusionSearch(min_gain=0.9), progress=False
     )
     report = result.fusion
     assert report is not None

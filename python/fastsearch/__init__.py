@@ -22,6 +22,7 @@ from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.metaschedule import CostModel, FeatureExtractor, SearchStrategy
 from fastsearch.search.sample import sample
 from fastsearch.search.warm_start import WarmStart
+from fastsearch.tuning.options import FusionSearch, Verification
 from fastsearch.tuning.tune import TuneResult, tune
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "DatabaseWarning",
     "FastsearchError",
     "FeatureExtractor",
+    "FusionSearch",
     "InternalError",
     "InvalidTarget",
     "InvalidTrace",
@@ -42,6 +44,7 @@ __all__ = [
     "SearchStrategy",
     "TuneResult",
     "UnsupportedWorkload",
+    "Verification",
     "WarmStart",
     "__version__",
     "extract_features",

@@ -2,6 +2,32 @@
 
 import numpy as np
 
+__all__ = [
+    "FastsearchError",
+    "InternalError",
+    "InvalidTrace",
+    "MalformedInput",
+    "SKETCH_FEATURE_NAMES",
+    "ScheduleError",
+    "UnsupportedWorkload",
+    "__version__",
+    "analytical_scores",
+    "apply_trace",
+    "extract_features",
+    "extract_features_each",
+    "forest_predict",
+    "fusion_proposals",
+    "merge_fusion_groups",
+    "partition_graph",
+    "program_summary",
+    "propose",
+    "sample_genomes",
+    "sample_sketches",
+    "sketch_feature_rows",
+    "transfer_genomes",
+    "transfer_sibling_genomes",
+]
+
 __version__: str
 
 class FastsearchError(Exception): ...

@@ -36,24 +36,29 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
-from tvm.tirx import FloatImm, IntImm
-from tvm.tirx.function import IndexMap
-from tvm_ffi import Map, get_global_func, register_error, structural_hash
+from tvm_ffi import register_error, structural_hash
 
 from fastsearch import _core, errors
 from fastsearch.costmodel.features import N_FEATURES, extract_features_json
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
+from fastsearch.ir.loop_nest import trace_text
 from fastsearch.ir.tir_import import main_function, program_json
 from fastsearch.search.sample import fresh_copy
 
-__all__ = ["CostModel", "FeatureExtractor", "SearchStats", "SearchStrategy", "store_features"]
+__all__ = [
+    "CostModel",
+    "FeatureExtractor",
+    "SearchStats",
+    "SearchStrategy",
+    "store_features",
+    "trace_text",
+]
 
 #: MetaSchedule's run time of a failed candidate.
 _FAILED_SECS = 1e10
 
 _programs: dict[int, str] = {}
-_trace_as_json = get_global_func("s_tir.schedule.TraceAsJSON")
 
 
 def _register_errors() -> None:
@@ -76,28 +81,6 @@ def _program(mod: tvm.IRModule) -> str:
     if key not in _programs:
         _programs[key] = program_json(main_function(mod)[1])
     return _programs[key]
-
-
-def _plain(v: Any) -> Any:
-    """A value of ``TraceAsJSON`` as plain JSON, as :func:`fastsearch.ir.loop_nest.trace_json`
-    writes it; one pass instead of TVM's ``Trace.as_json`` and a second conversion."""
-    if v is None or isinstance(v, (str, bool, int, float)):
-        return v
-    if isinstance(v, IntImm):
-        return int(v.value)
-    if isinstance(v, FloatImm):
-        return float(v.value)
-    if isinstance(v, Map):
-        return {str(_plain(k)): _plain(x) for k, x in v.items()}
-    if isinstance(v, IndexMap):
-        return tvm.ir.save_json(v)
-    return [_plain(x) for x in v]
-
-
-def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
-    """The trace as JSON text, equal (as JSON) to ``loop_nest.trace_json``: the search converts
-    thousands of traces per round, and this is its costliest step."""
-    return json.dumps(_plain(_trace_as_json(trace, remove_postproc)))
 
 
 def _engine_features(program: str, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
@@ -357,7 +340,7 @@ class SearchStrategy(PySearchStrategy):
         local_tile_prob: float = 0.5,
         seed: int | None = None,
     ) -> None:
-        self.config = {
+        self.config: dict[str, Any] = {
             "population_size": population_size,
             "generations": generations,
             "mutate_prob": mutate_prob,

@@ -24,6 +24,7 @@ from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.testing import onnx_zoo
 from fastsearch.testing.onnx_zoo import SMALL, ZOO
 from fastsearch.testing.relax_models import MODELS, load_model
+from fastsearch.tuning.options import FusionSearch
 from fastsearch.tuning.progress import format_latency
 from fastsearch.tuning.tune import tune
 
@@ -219,7 +220,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         warm_start=args.warm_start or None,
         pipeline=args.pipeline,
         layout=args.layout,
-        **({"fusion": "search", "fusion_share": args.fusion_share} if args.fusion == "search" else {}),
+        fusion=FusionSearch(share=args.fusion_share) if args.fusion == "search" else "rules",
     )
     if result.warm_start is not None:
         w = result.warm_start

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from tvm.s_tir import Trace
 
 from fastsearch import _core
 from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
-from fastsearch.ir.loop_nest import trace_json
+from fastsearch.ir.loop_nest import trace_json, trace_text
 from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import main_function, program_json
 
@@ -104,7 +105,11 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
         if "gpu" in [str(k) for k in t.keys]:
             raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
     _, func = main_function(mod)
-    texts = [t if isinstance(t, str) else trace_json(t) for t in traces]
+    # TVM Traces through TraceAsJSON in one pass (a quarter faster than as_json and a second
+    # conversion); their as_json() values as they are.
+    texts = [
+        t if isinstance(t, str) else trace_text(t) if isinstance(t, Trace) else trace_json(t) for t in traces
+    ]
     program = program_json(func)
     try:
         return extract_features_json(program, texts)

@@ -12,11 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fastsearch import _core
 from fastsearch.costmodel.features import N_FEATURES as N_STORE_FEATURES
+
+if TYPE_CHECKING:
+    import xgboost as xgb  # imported where a model is trained: it takes a second to load
 
 #: XGBoost parameters: small trees, as the records of one run are few (tens to hundreds).
 XGB_PARAMS = {
@@ -37,7 +41,7 @@ class CostModel:
     def __init__(self, params: dict | None = None, rounds: int = ROUNDS) -> None:
         self.params = dict(XGB_PARAMS, **(params or {}))
         self.rounds = rounds
-        self.booster = None
+        self.booster: xgb.Booster | None = None
         self.trained_on = 0
 
     @staticmethod
@@ -106,7 +110,8 @@ def describe(model: CostModel) -> str:
         return "untrained"
     names = list(_core.SKETCH_FEATURE_NAMES)
     gains = model.booster.get_score(importance_type="gain")
-    ranked = sorted(((names[int(k[1:])], v) for k, v in gains.items()), key=lambda kv: -kv[1])
+    # gain importances are one number per feature
+    ranked = sorted(((names[int(k[1:])], float(v)) for k, v in gains.items()), key=lambda kv: -kv[1])  # type: ignore[arg-type]
     return json.dumps(dict(ranked[:10]))
 
 

@@ -143,15 +143,21 @@ def time_in_fresh_processes(
             "hollow": str(hollow) if hollow is not None else None,
         }
         for p in range(processes):
-            tvm_spec = {
+            tvm_spec: dict[str, Any] = {
                 **base,
                 "libraries": {n: str(path) for n, path in libraries.items()},
                 "onnx": None,
                 "first": p,  # which model each process's first round starts with
                 "profile": profile if p == 0 else None,
             }
-            ort_spec = {**base, "libraries": {}, "onnx": str(onnx_file), "first": 0, "profile": None}
-            specs = [tvm_spec] + ([ort_spec] if use_ort else [])
+            ort_spec: dict[str, Any] = {
+                **base,
+                "libraries": {},
+                "onnx": str(onnx_file),
+                "first": 0,
+                "profile": None,
+            }
+            specs: list[dict[str, Any]] = [tvm_spec] + ([ort_spec] if use_ort else [])
             for spec in specs if p % 2 == 0 else reversed(specs):
                 data = _run_child(spec, Path(tmp), f"{p}_{len(spec['libraries'])}", env, timeout_s)
                 for n in [*spec["libraries"], *(["onnxruntime"] if spec["onnx"] else [])]:
@@ -254,7 +260,8 @@ def _child(spec_path: str) -> None:
                 }
             )
         )
-    np.savez(spec["out"], **out)
+    # numpy's stub reads a keyword array as its allow_pickle flag
+    np.savez(spec["out"], **out)  # type: ignore[arg-type]
 
 
 def end_to_end(
@@ -267,7 +274,7 @@ def end_to_end(
 ) -> FreshTiming:
     """A tuned model's latency before and after tuning, in fresh processes.
 
-    ``result`` is a :class:`fastsearch.tuning.tune.TuneResult` of a Relax model and ``source`` the
+    ``result`` is a :class:`fastsearch.TuneResult` of a Relax model and ``source`` the
     model as it was given to ``tune`` (before the inference pipeline). ``"untuned"`` is
     ``source`` as ``tvm.compile`` builds it with TVM's default schedules, ``"tuned"`` is
     ``result.compile()``; with ``onnx_file`` (and onnxruntime installed) ``"onnxruntime"`` runs

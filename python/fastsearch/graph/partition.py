@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import tvm
 from tvm import relax
@@ -70,7 +71,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.AnnotateTIROpPattern()(mod)
 
 
-def _is_call_tir(value: relax.Expr) -> bool:
+def _is_call_tir(value: relax.Expr | None) -> TypeGuard[relax.Call]:
     return (
         isinstance(value, relax.Call)
         and isinstance(value.op, tvm.ir.Op)

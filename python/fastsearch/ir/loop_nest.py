@@ -16,12 +16,17 @@ from typing import Any
 
 import tvm
 from tvm import tirx
-from tvm.s_tir import SBlockRealize
+from tvm.s_tir import SBlockRealize, Trace
 from tvm.sym import Analyzer as _Analyzer
+from tvm.tirx import FloatImm, IntImm
 from tvm.tirx import expr as _E
+from tvm.tirx.function import IndexMap
+from tvm_ffi import Map, get_global_func
 
 from fastsearch import _core
 from fastsearch.ir.tir_import import program_json
+
+_trace_as_json = get_global_func("s_tir.schedule.TraceAsJSON")
 
 _FOR_KIND = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread_binding"}
 
@@ -105,6 +110,28 @@ def trace_json(trace: Any) -> str:
     """A TVM ``Trace`` (or its ``as_json()`` value) as a JSON string."""
     value = trace.as_json() if hasattr(trace, "as_json") else trace
     return json.dumps(_value(value))
+
+
+def _plain(v: Any) -> Any:
+    """A value of ``TraceAsJSON`` as plain JSON, as :func:`fastsearch.ir.loop_nest.trace_json`
+    writes it; one pass instead of TVM's ``Trace.as_json`` and a second conversion."""
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return v
+    if isinstance(v, IntImm):
+        return int(v.value)
+    if isinstance(v, FloatImm):
+        return float(v.value)
+    if isinstance(v, Map):
+        return {str(_plain(k)): _plain(x) for k, x in v.items()}
+    if isinstance(v, IndexMap):
+        return tvm.ir.save_json(v)
+    return [_plain(x) for x in v]
+
+
+def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
+    """The trace as JSON text, equal (as JSON) to :func:`trace_json`: the search converts
+    thousands of traces per round, and this is its costliest step."""
+    return json.dumps(_plain(_trace_as_json(trace, remove_postproc)))
 
 
 def loop_nest_from_trace(func: tirx.PrimFunc, trace: Any, postprocess: bool = False) -> dict[str, Any]:

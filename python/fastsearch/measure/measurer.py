@@ -537,8 +537,8 @@ def _time_side_by_side(
     """Worker side of :meth:`Measurer.side_by_side`."""
     dev = tvm.runtime.device(dev_type, 0)
     per_candidate = bool(arrays) and isinstance(arrays[0], (list, tuple))
-    shared = None if per_candidate else [tvm.runtime.tensor(a, dev) for a in arrays]
-    args = [
+    shared = [] if per_candidate else [tvm.runtime.tensor(a, dev) for a in arrays]
+    args: list[list[Any]] = [
         [tvm.runtime.tensor(a, dev) for a in arrays[i]] if per_candidate else shared
         for i in range(len(paths))
     ]

@@ -78,7 +78,7 @@ History = Callable[[], Iterable[tuple[str, float]]]
 
 
 class ModelGuidedSampler:
-    """A :data:`fastsearch.tuning.tune.Sampler` that searches with a cost model trained on ``history``."""
+    """A :data:`fastsearch.tuning.options.Sampler` that searches with a cost model trained on ``history``."""
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,16 @@ from fastsearch import _core
 from fastsearch.database import TuningDatabase
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.model_timing import model_inputs, paired_ratios, time_interleaved
-from fastsearch.graph.partition import DEFAULT_MAX_FUSE_DEPTH, extract_graph, partition_groups, prepare
+from fastsearch.graph.partition import (
+    DEFAULT_MAX_FUSE_DEPTH,
+    OpGraph,
+    extract_graph,
+    partition_groups,
+    prepare,
+)
 from fastsearch.graph.relax_tasks import ModelTask, apply_database, extract_tasks, is_relax_module
-from fastsearch.tuning.result import FusionChange, FusionReport, TuneResult
+from fastsearch.tuning.options import FusionSearch, TuningPlan
+from fastsearch.tuning.result import FusionChange, FusionReport, TrialRecord, TuneResult
 
 __all__ = ["check_fusion_argument", "tune_searching_fusion"]
 
@@ -50,33 +58,80 @@ MIN_TRIALS_PER_CHANGE = 16
 
 def tune_searching_fusion(
     mod: IRModule,
-    *,
-    trials: int,
-    share: float,
-    min_gain: float,
-    rounds: int,
-    name: str,
-    tune: Callable[..., TuneResult],
-    options: dict[str, Any],
+    plan: TuningPlan,
+    search: FusionSearch,
+    run: Callable[[IRModule, TuningPlan], TuneResult],
 ) -> TuneResult:
-    """``tune(mod, fusion="search", ...)``: see the module's documentation. ``tune`` is
-    :func:`fastsearch.tune` (passed in, so that this module does not import the tuning loop that
-    calls it), ``name`` the run's name and ``options`` the other arguments of ``tune``."""
-    if not 0.0 <= share < 1.0:
-        raise ValueError(f"fusion_share must be in [0, 1), got {share}")
-    if rounds < 1:
-        raise ValueError(f"fusion_rounds must be at least 1, got {rounds}")
+    """``tune(mod, fusion="search", ...)``: see the module's documentation. ``run`` is the tuning
+    loop (:func:`fastsearch.tuning.loop.run`, passed in so that this module does not import the
+    loop that calls it); ``plan`` is the run's, each tuning here runs a variant of it."""
+    trials, name, wdir, progress = plan.trials, plan.name, plan.work_dir, plan.progress
+    min_gain, rounds = search.min_gain, search.rounds
     t_start = time.perf_counter()
-    work_dir = options.pop("work_dir", None)
-    wdir = Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / name
-    progress = bool(options.get("progress", True))
+
+    def tune(target_mod: IRModule, **changes: Any) -> TuneResult:
+        return run(target_mod, replace(plan, **changes))
 
     graph = extract_graph(prepare(mod))
-    graph_json = graph.to_json()
     rule_groups = partition_groups(graph, DEFAULT_MAX_FUSE_DEPTH)
     _, rule_tasks = extract_tasks(mod)
+    changes, variants = _proposed_changes(mod, graph, rule_groups, rule_tasks)
+
+    reserve = int(trials * search.share) if variants else 0
+    base = tune(mod, trials=trials - reserve)
+    report = FusionReport(changes=changes, groups=rule_groups, rule_groups=rule_groups)
+    report.trials_rules = base.trials_measured
+    histories = [base]
+
+    budgets, left = _change_budgets(changes, variants, rule_tasks, base, min_gain, reserve)
+    if left:
+        more = tune(mod, trials=trials - reserve + left)
+        report.trials_rules += more.trials_measured
+        histories.append(more)
+    tried: list[int] = []
+    for index, budget in budgets.items():
+        change = changes[index]
+        _, _, new = variants[index]
+        if new:
+            funcs = IRModule({t.name: t.func for t in new})
+            try:
+                result = tune(
+                    funcs, trials=budget, name=f"{name} [{change.kind} {'+'.join(new[0].functions)}]"
+                )
+            except FastsearchError as exc:
+                change.reason = f"not kept: tuning its new function failed ({str(exc).splitlines()[0]})"
+                continue
+            change.trials = result.trials_measured
+            report.trials_changes += result.trials_measured
+            histories.append(result)
+        tried.append(index)
+
+    final_groups = rule_groups
+    if tried:
+        final_groups = _choose(
+            mod, graph.to_json(), rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report
+        )
+        if progress:
+            _print_changes(report)
+    report.groups = final_groups
+    final = tune(mod, trials=0, groups=final_groups, progress=False)
+    _merge_runs(final, histories, t_start)
+    final.fusion = report
+    return final
+
+
+_Variants = dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]]
+
+
+def _proposed_changes(
+    mod: IRModule, graph: OpGraph, rule_groups: list[list[int]], rule_tasks: list[ModelTask]
+) -> tuple[list[FusionChange], _Variants]:
+    """The partitioner's changes to the rule grouping, each with its grouping, the model's tasks
+    under it and the new ones among them (``variants``, by change index); a change made at
+    several sites is one change. Changes that cannot be tried say why."""
+    graph_json = graph.to_json()
     changes: list[FusionChange] = []
-    variants: dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]] = {}
+    variants: _Variants = {}
     for kind, groups in _core.fusion_proposals(graph_json, rule_groups, DEFAULT_MAX_FUSE_DEPTH):
         functions = [graph.callees(rule_groups[g]) for g in groups]
         change = FusionChange(kind=kind, groups=list(groups), functions=functions, sites=[list(groups)])
@@ -117,12 +172,18 @@ def tune_searching_fusion(
         changes.append(change)
         variants[len(changes) - 1] = (merged, tasks, new)
 
-    reserve = int(trials * share) if variants else 0
-    base = tune(mod, trials=trials - reserve, work_dir=wdir, name=name, **options)
-    report = FusionReport(changes=changes, groups=rule_groups, rule_groups=rule_groups)
-    report.trials_rules = base.trials_measured
-    histories = [base]
+    return changes, variants
 
+
+def _change_budgets(
+    changes: list[FusionChange],
+    variants: _Variants,
+    rule_tasks: list[ModelTask],
+    base: TuneResult,
+    min_gain: float,
+    reserve: int,
+) -> tuple[dict[int, int], int]:
+    """Trials for each change worth trying (by change index), and what is left of ``reserve``."""
     # Rank by what a change can save at most: the fastest kernel it removes, as the rule-based
     # run timed it. One that cannot save min_gain of the model can never be kept: no trials.
     wanted: dict[int, int] = {}
@@ -154,46 +215,7 @@ def tune_searching_fusion(
             continue
         budgets[index] = budget
         left -= budget
-    if left:
-        more = tune(mod, trials=trials - reserve + left, work_dir=wdir, name=name, **options)
-        report.trials_rules += more.trials_measured
-        histories.append(more)
-    tried: list[int] = []
-    for index, budget in budgets.items():
-        change = changes[index]
-        _, _, new = variants[index]
-        if new:
-            funcs = IRModule({t.name: t.func for t in new})
-            try:
-                result = tune(
-                    funcs,
-                    trials=budget,
-                    work_dir=wdir,
-                    name=f"{name} [{change.kind} {'+'.join(new[0].functions)}]",
-                    **options,
-                )
-            except FastsearchError as exc:
-                change.reason = f"not kept: tuning its new function failed ({str(exc).splitlines()[0]})"
-                continue
-            change.trials = result.trials_measured
-            report.trials_changes += result.trials_measured
-            histories.append(result)
-        tried.append(index)
-
-    final_groups = rule_groups
-    if tried:
-        final_groups = _choose(
-            mod, graph_json, rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report
-        )
-        if progress:
-            _print_changes(report)
-    report.groups = final_groups
-    final = tune(
-        mod, trials=0, work_dir=wdir, name=name, _groups=final_groups, **{**options, "progress": False}
-    )
-    _merge_runs(final, histories, t_start)
-    final.fusion = report
-    return final
+    return budgets, left
 
 
 def _same(task: ModelTask, other: ModelTask) -> bool:
@@ -318,7 +340,7 @@ def _choose(
 
 def _merge_runs(final: TuneResult, runs: list[TuneResult], t_start: float) -> None:
     """The final result with the history, timing and failures of every run it took."""
-    history = []
+    history: list[TrialRecord] = []
     offset = 0.0
     for run in runs:
         for rec in run.history:
@@ -349,9 +371,17 @@ def _print_changes(report: FusionReport) -> None:
         print(f"fusion {c.summary()}", file=sys.stderr)
 
 
-def check_fusion_argument(fusion: str, mod: object) -> None:
-    """``fusion`` must be ``"rules"`` or ``"search"``, and search needs a Relax model."""
-    if fusion not in ("rules", "search"):
-        raise ValueError(f"unknown fusion {fusion!r}; available: rules, search")
-    if fusion == "search" and not is_relax_module(mod):
+def check_fusion_argument(fusion: str | FusionSearch, mod: object) -> FusionSearch | None:
+    """The fusion search ``fusion`` asks for (``None`` for FuseOps' rules): ``fusion`` must be
+    ``"rules"``, ``"search"`` or a :class:`FusionSearch`, and a search needs a Relax model."""
+    if isinstance(fusion, FusionSearch):
+        search = fusion
+    elif fusion == "search":
+        search = FusionSearch()
+    elif fusion == "rules":
+        return None
+    else:
+        raise ValueError(f"unknown fusion {fusion!r}; available: rules, search, or a FusionSearch")
+    if not is_relax_module(mod):
         raise UnsupportedWorkload("fusion='search' needs a Relax model (an IRModule with a Relax `main`)")
+    return search

@@ -447,6 +447,7 @@ fn apply_trace(
 /// the fusion groups of TVM's Relax FuseOps: node indices per group, groups in emission order.
 #[pyfunction]
 #[pyo3(signature = (graph_json, max_fuse_depth = fastsearch_core::partition::DEFAULT_MAX_FUSE_DEPTH))]
+#[pyo3(text_signature = "(graph_json, max_fuse_depth=256)")]
 fn partition_graph(
     py: Python<'_>,
     graph_json: String,
@@ -462,6 +463,7 @@ fn partition_graph(
 /// make: `(kind, group indices)` with kind `"prologue"`, `"epilogue"` or `"horizontal"`.
 #[pyfunction]
 #[pyo3(signature = (graph_json, groups, max_fuse_depth = fastsearch_core::partition::DEFAULT_MAX_FUSE_DEPTH))]
+#[pyo3(text_signature = "(graph_json, groups, max_fuse_depth=256)")]
 fn fusion_proposals(
     py: Python<'_>,
     graph_json: String,

@@ -1,0 +1,103 @@
+"""Reading a suite's runs back (``benches.suite`` writes them): the databases of both tuners,
+in the order their records were committed, and a record's time and kernel."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import tvm
+from fastsearch.database import candidate_key
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+
+def records_in_order(work_dir: Path, func: Any) -> list[ms.database.TuningRecord]:
+    """Tuning records in the order they were committed (the JSON lines' order)."""
+    db = ms.database.JSONDatabase(work_dir=str(work_dir))
+    workload = db.commit_workload(_normalize_mod(func))
+    out = []
+    for line in (work_dir / "database_tuning_record.json").read_text().splitlines():
+        if line.strip():
+            _, rec = json.loads(line)
+            out.append(ms.database.TuningRecord.from_json(rec, workload))
+    return out
+
+
+#: What of a fastsearch work directory a suite keeps (gzipped), so that its records can be
+#: re-timed and analysed after the temporary work directory is gone.
+_FASTSEARCH_KEPT = (
+    "database_workload.json",
+    "database_tuning_record.json",
+    "fastsearch_search.main.genomes.jsonl",
+)
+
+
+def keep_fastsearch(work: Path, kept: Path) -> None:
+    """Gzipped copies of fastsearch's database and genomes from ``work`` in ``kept``."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in _FASTSEARCH_KEPT:
+        if (work / name).exists():
+            with gzip.open(kept / f"{name}.gz", "wb", compresslevel=9) as out:
+                out.write((work / name).read_bytes())
+
+
+def fastsearch_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path | None:
+    """A run's fastsearch work directory: still in its ``work_dir``, or unpacked from the copy the
+    suite kept in ``out_dir/fastsearch/<stem>`` (None when neither exists)."""
+    work = Path(run["work_dir"]) / "fastsearch"
+    if (work / "database_tuning_record.json").exists():
+        return work
+    kept = out_dir / "fastsearch" / stem
+    if not (kept / "database_tuning_record.json.gz").exists():
+        return None
+    unpacked = Path(tempfile.mkdtemp(prefix=f"kept_{stem}_"))
+    for gz in kept.glob("*.gz"):
+        (unpacked / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
+    return unpacked
+
+
+def metaschedule_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path:
+    """A run's MetaSchedule database folder: the copy the suite kept in
+    ``out_dir/metaschedule/<stem>`` when there is one, else the run's ``work_dir``."""
+    kept = out_dir / "metaschedule" / stem
+    if (kept / "database_tuning_record.json").exists():
+        return kept
+    return Path(run["work_dir"]) / "metaschedule"
+
+
+def mean_us(rec: ms.database.TuningRecord) -> float:
+    """A record's mean run time in microseconds (infinite for a failed one)."""
+    secs = [float(s) for s in rec.run_secs] if rec.run_secs is not None else []
+    return statistics.fmean(secs) * 1e6 if secs and max(secs) < 1e9 else math.inf
+
+
+def compile_record(rec: ms.database.TuningRecord, target: tvm.target.Target) -> Any:
+    """The record's schedule, replayed on its workload and built for ``target``."""
+    sch = tvm.s_tir.Schedule(rec.workload.mod)
+    rec.trace.apply_to_schedule(sch, remove_postproc=False)
+    return tvm.compile(sch.mod, target=target)
+
+
+def best_within(
+    records: list[ms.database.TuningRecord], n: int, last: bool = True
+) -> ms.database.TuningRecord | None:
+    """The best record of the first ``n`` candidates measured. A candidate stored again (the
+    winner of fastsearch's final round, after the run's last trial) counts at the ``last``
+    checkpoint only."""
+    first: dict[str, int] = {}
+    within = []
+    for rec in records:
+        key = candidate_key(rec.trace)
+        if key not in first:
+            first[key] = len(first)
+        elif not last:
+            continue
+        if first[key] < n and math.isfinite(mean_us(rec)):
+            within.append(rec)
+    return min(within, key=mean_us) if within else None
