@@ -3,11 +3,11 @@
 import numpy as np
 
 __all__ = [
+    "SKETCH_FEATURE_NAMES",
     "FastsearchError",
     "InternalError",
     "InvalidTrace",
     "MalformedInput",
-    "SKETCH_FEATURE_NAMES",
     "ScheduleError",
     "UnsupportedWorkload",
     "__version__",
