@@ -73,9 +73,10 @@ def tune_searching_fusion(
         return run(target_mod, replace(plan, **changes))
 
     graph = extract_graph(prepare(mod))
+    graph_json = graph.to_json()
     rule_groups = partition_groups(graph, DEFAULT_MAX_FUSE_DEPTH)
     _, rule_tasks = extract_tasks(mod)
-    changes, variants = _proposed_changes(mod, graph, rule_groups, rule_tasks)
+    changes, variants = _proposed_changes(mod, graph, graph_json, rule_groups, rule_tasks)
 
     reserve = int(trials * search.share) if variants else 0
     base = tune(mod, trials=trials - reserve)
@@ -109,7 +110,7 @@ def tune_searching_fusion(
     final_groups = rule_groups
     if tried:
         final_groups = _choose(
-            mod, graph.to_json(), rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report
+            mod, graph_json, rule_groups, changes, variants, tried, wdir, base, rounds, min_gain, report
         )
         if progress:
             _print_changes(report)
@@ -124,12 +125,15 @@ _Variants = dict[int, tuple[list[list[int]], list[ModelTask], list[ModelTask]]]
 
 
 def _proposed_changes(
-    mod: IRModule, graph: OpGraph, rule_groups: list[list[int]], rule_tasks: list[ModelTask]
+    mod: IRModule,
+    graph: OpGraph,
+    graph_json: str,
+    rule_groups: list[list[int]],
+    rule_tasks: list[ModelTask],
 ) -> tuple[list[FusionChange], _Variants]:
     """The partitioner's changes to the rule grouping, each with its grouping, the model's tasks
     under it and the new ones among them (``variants``, by change index); a change made at
     several sites is one change. Changes that cannot be tried say why."""
-    graph_json = graph.to_json()
     changes: list[FusionChange] = []
     variants: _Variants = {}
     for kind, groups in _core.fusion_proposals(graph_json, rule_groups, DEFAULT_MAX_FUSE_DEPTH):
