@@ -11,7 +11,11 @@ anything runs, for tuning and timing alike):
   DecomposeOpsForInference, CanonicalizeBindings, the zero pipeline's legalization, constant
   folding and FuseOps, ``MetaScheduleTuneIRMod``), then ``tvm.compile``. The per-task cap is
   its docstring's advice: without it, 64 trials go to each task in turn and a few hundred
-  trials tune only the first few tasks;
+  trials tune only the first few tasks. Its LocalBuilder builds with fastsearch's build function,
+  as in every kernel bench (``--ms-default-builder`` for its own): MetaSchedule's default build
+  imports ``tvm.s_tir.tensor_intrin`` in each fresh worker (35 s on a 2-vCPU Zen 3), and the
+  pipeline's builder has a 30 s timeout that counts that import, so with it most batches fail
+  to build at all;
 - **onnxruntime** (``--zoo`` models, when installed), all graph optimizations, same threads;
 - TVM's untuned build of the imported model.
 
@@ -30,12 +34,14 @@ cores busy, and rounds timed together share that state.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +80,34 @@ def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path) ->
     return {"wall_s": wall, "tasks": tasks, "exe": result.compile(), "records": _records(work)}
 
 
-def run_metaschedule(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
+@contextlib.contextmanager
+def _pipeline_builder(default_builder: bool) -> Iterator[None]:
+    """Within the block, the LocalBuilder that TVM's pipeline creates by name (``"local"``) builds
+    with fastsearch's build function: MetaSchedule's own minus the tensor-intrinsic import that
+    every fresh build worker repeats. The pipeline takes no builder argument."""
+    from fastsearch.measure.measurer import build_module
+    from tvm.s_tir.meta_schedule import builder as ms_builder
+
+    if default_builder:
+        yield
+        return
+    original = ms_builder.LocalBuilder
+
+    class _Builder(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("f_build", build_module)
+            super().__init__(*args, **kwargs)
+
+    ms_builder.LocalBuilder = _Builder
+    try:
+        yield
+    finally:
+        ms_builder.LocalBuilder = original
+
+
+def run_metaschedule(
+    mod: Any, target: Any, trials: int, seed: int, work: Path, default_builder: bool = False
+) -> dict:
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -94,12 +127,14 @@ def run_metaschedule(mod: Any, target: Any, trials: int, seed: int, work: Path) 
     n_tasks = len(ms.relax_integration.extract_tasks(fused, target))
     per_task = max(1, -(-trials // n_tasks))
     t0 = time.perf_counter()
-    tuned = relax.pipeline.static_shape_tuning_pipeline(
-        total_trials=trials, target=target, work_dir=str(work), max_trials_per_task=per_task
-    )(mod)
+    with _pipeline_builder(default_builder):
+        tuned = relax.pipeline.static_shape_tuning_pipeline(
+            total_trials=trials, target=target, work_dir=str(work), max_trials_per_task=per_task
+        )(mod)
     wall = time.perf_counter() - t0
     return {
         "wall_s": wall,
+        "builder": "MetaSchedule's default_build" if default_builder else "fastsearch's build_module",
         "exe": tvm.compile(tuned, target=target),
         "records": _records(work),
         "tasks": n_tasks,
@@ -172,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="copy MetaSchedule's tuned run from this --out-dir",
     )
+    parser.add_argument(
+        "--ms-default-builder",
+        action="store_true",
+        help="MetaSchedule's own build function (imports all tensor intrinsics in every build worker)",
+    )
     parser.add_argument("--report", action="store_true", help="only write e2e.md again from result.json")
     args = parser.parse_args(argv)
     if args.report:
@@ -220,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         mst = {"wall_s": earlier["wall_s"], "records": earlier["records"], "exe": None}
     else:
         print(f"MetaSchedule: {args.trials} trials ...", file=sys.stderr, flush=True)
-        mst = run_metaschedule(mod, target, args.trials, args.seed, out / "metaschedule_work")
+        mst = run_metaschedule(
+            mod, target, args.trials, args.seed, out / "metaschedule_work", args.ms_default_builder
+        )
     libs = {
         "untuned": out / "untuned.so",
         "fastsearch": out / "fastsearch.so",
