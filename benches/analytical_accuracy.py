@@ -3,7 +3,7 @@ of each workload, measured on this machine, against the model's estimates.
 
 The candidates the search measures are the ones its models liked, so the model's accuracy on
 them is biased (the ones it over-rated are over-represented). Here each workload gets ``--n``
-candidates drawn uniformly from fastsearch's sketches (``_core.sample_genomes``), replayed with
+candidates drawn uniformly from fastsearch's sketches (``_core.Program.sample_genomes``), replayed with
 MetaSchedule's postprocessors, built and timed once each. Reported per workload: pairwise
 ranking accuracy of the analytical estimate, and how far from the sample's fastest the best of
 the model's top 1, 4 and 16 is (what a cold first batch would find), against the median.
@@ -42,8 +42,12 @@ def _file(out_dir: Path, workload: str) -> Path:
 def measure(workload: str, n: int, seed: int, target: tvm.target.Target, out_dir: Path) -> None:
     func = load_workload(workload).func
     program = program_json(func)
-    pairs = _core.sample_genomes(
-        program, num_cores(target), vector_bytes(target), n, seed, [], fma_per_cycle(target)
+    pairs = _core.Program(program).sample_genomes(
+        _core.Target(
+            num_cores(target), vector_bytes=vector_bytes(target), fma_per_cycle=fma_per_cycle(target)
+        ),
+        n,
+        seed,
     )
     us = measure_keys(func, target, [key for key, _ in pairs])
     rows = [
@@ -69,13 +73,14 @@ def score(path: Path, speedup: str | None = None) -> dict[str, float]:
     rows = [r for r in doc["rows"] if r["seconds"] is not None]
     seconds = np.array([r["seconds"] for r in rows])
     scores = np.array(
-        _core.analytical_scores(
-            program,
-            num_cores(target),
-            vector_bytes(target),
+        _core.Program(program).analytical_scores(
+            _core.Target(
+                num_cores(target),
+                vector_bytes=vector_bytes(target),
+                fma_per_cycle=fma_per_cycle(target),
+                parallel_speedup=parallel,
+            ),
             [r["genome"] for r in rows],
-            fma_per_cycle(target),
-            parallel,
         )
     )
     order = np.argsort(-scores, kind="stable")

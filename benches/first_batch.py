@@ -1,5 +1,5 @@
 """How good a cold run's first batch is for several search settings: for each workload and
-seed, the proposals of ``_core.propose`` with no records (analytical model only) under each
+seed, the proposals of ``_core.Program.propose`` with no records (analytical model only) under each
 (population, generations) setting are measured together, and the best of each batch compared.
 
 Evolving on the analytical score alone can hurt: it finds the candidates the model over-rates
@@ -32,24 +32,22 @@ SETTINGS = {"p2048g4": (2048, 4), "p2048g1": (2048, 1), "p2048g0": (2048, 0), "p
 def best_of_batches(workload: str, seed: int, batch: int) -> dict[str, float]:
     target = resolve_target(None)
     func = load_workload(workload).func
-    program = program_json(func)
-    args = (num_cores(target), vector_bytes(target))
+    program = _core.Program(program_json(func))
+    cpu = _core.Target(
+        num_cores(target), vector_bytes=vector_bytes(target), fma_per_cycle=fma_per_cycle(target)
+    )
     picks = {
         name: [
             key
-            for key, _, _, _ in _core.propose(
-                program,
-                *args,
-                "evolutionary",
-                batch,
-                seed,
-                {},
-                [],
-                pop,
-                gens,
-                None,
-                0.0,
-                fma_per_cycle(target),
+            for key, _, _, _ in program.propose(
+                cpu,
+                strategy="evolutionary",
+                n=batch,
+                seed=seed,
+                measured={},
+                seeds=[],
+                population=pop,
+                generations=gens,
             )
         ]
         for name, (pop, gens) in SETTINGS.items()

@@ -78,10 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             got = _run_records(run)
             if got is None:
                 continue
-            program, keys, lats, genomes = got
+            text, keys, lats, genomes = got
+            program = _core.Program(text)
             rows = np.asarray(
-                _core.sketch_feature_rows(
-                    program, args.cores, args.vector_bytes, [genomes[k] for k in keys], args.fma_per_cycle
+                program.sketch_feature_rows(
+                    _core.Target(
+                        args.cores, vector_bytes=args.vector_bytes, fma_per_cycle=args.fma_per_cycle
+                    ),
+                    [genomes[k] for k in keys],
                 )
             ).reshape(len(keys), -1)
             pooled = np.nan_to_num(pooled_features(program, keys))

@@ -73,8 +73,11 @@ def main() -> None:
         rs = have.get(w, [])
         missing = args.per_workload - len(rs)
         if missing > 0:
-            pairs = _core.sample_genomes(
-                doc, cores, vbytes, args.per_workload, args.seed, [r["key"] for r in rs]
+            pairs = _core.Program(doc).sample_genomes(
+                _core.Target(cores, vector_bytes=vbytes),
+                args.per_workload,
+                args.seed,
+                exclude=[r["key"] for r in rs],
             )
             pairs = pairs[:missing]
             lat = measure(func, target, [k for k, _ in pairs])
@@ -85,8 +88,14 @@ def main() -> None:
                     rs.append(r)
         genomes = [r["genome"] for r in rs]
         lat = np.array([r["lat"] for r in rs])
-        rows = _core.sketch_feature_rows(doc, cores, vbytes, genomes, fmas)
-        analytical = np.array(_core.analytical_scores(doc, cores, vbytes, genomes, fmas))
+        rows = _core.Program(doc).sketch_feature_rows(
+            _core.Target(cores, vector_bytes=vbytes, fma_per_cycle=fmas), genomes
+        )
+        analytical = np.array(
+            _core.Program(doc).analytical_scores(
+                _core.Target(cores, vector_bytes=vbytes, fma_per_cycle=fmas), genomes
+            )
+        )
         data[w] = (rows, lat, analytical)
 
     lines = [

@@ -37,10 +37,20 @@ def probe(workload: str, per_path: int, draws: int, seed: int) -> None:
     prog = program_json(func)
     names = list(_core.SKETCH_FEATURE_NAMES)
     steps_col = names.index("log_llvm_unrolled_steps")
-    pairs = _core.sample_genomes(prog, cores, vbytes, draws, seed, fma_per_cycle=fmas)
+    pairs = _core.Program(prog).sample_genomes(
+        _core.Target(cores, vector_bytes=vbytes, fma_per_cycle=fmas), draws, seed
+    )
     genomes = [g for _, g in pairs]
-    rows = np.asarray(_core.sketch_feature_rows(prog, cores, vbytes, genomes, fmas))
-    scores = np.array(_core.analytical_scores(prog, cores, vbytes, genomes, fmas))
+    rows = np.asarray(
+        _core.Program(prog).sketch_feature_rows(
+            _core.Target(cores, vector_bytes=vbytes, fma_per_cycle=fmas), genomes
+        )
+    )
+    scores = np.array(
+        _core.Program(prog).analytical_scores(
+            _core.Target(cores, vector_bytes=vbytes, fma_per_cycle=fmas), genomes
+        )
+    )
     by_path = {
         "LLVM": [i for i in range(len(genomes)) if rows[i, steps_col] > 0],
         "TVM": [i for i in range(len(genomes)) if rows[i, steps_col] == 0],

@@ -14,7 +14,7 @@ from workloads import FAMILIES, extra, relax_legalized, suite
 
 
 def summary(func) -> dict:
-    return json.loads(_core.program_summary(program_json(func)))
+    return json.loads(_core.Program(program_json(func)).summary())
 
 
 def test_whole_suite_imports():
@@ -73,9 +73,9 @@ def test_dynamic_shape_is_unsupported():
 
 def test_malformed_program_json_is_typed():
     with pytest.raises(fastsearch.FastsearchError):
-        _core.program_summary('{"buffers": 3}')
+        _core.Program('{"buffers": 3}').summary()
     with pytest.raises(fastsearch.MalformedInput):
-        _core.program_summary("not json")
+        _core.Program("not json").summary()
 
 
 def test_public_api_is_curated_and_complete():

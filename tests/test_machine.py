@@ -87,14 +87,21 @@ def test_one_runtime_thread_stops_the_model_preferring_parallel_jobs(monkeypatch
     monkeypatch.delenv(SPEEDUP_ENV, raising=False)
     target = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
     m = machine_of(target)
-    pairs = _core.sample_genomes(program, m.cores, m.vector_bytes, 200, 0, [], m.fma_per_cycle)
+    pairs = _core.Program(program).sample_genomes(
+        _core.Target(m.cores, vector_bytes=m.vector_bytes, fma_per_cycle=m.fma_per_cycle), 200, 0
+    )
     tiled = [
         g for _, g in pairs if any(len(f) == 4 for loops in json.loads(g)["tiles"].values() for f in loops)
     ]
     genomes = tiled + [_serial(g) for g in tiled]
 
     def scores(speedup: float | None) -> list[float]:
-        return _core.analytical_scores(program, m.cores, m.vector_bytes, genomes, m.fma_per_cycle, speedup)
+        return _core.Program(program).analytical_scores(
+            _core.Target(
+                m.cores, vector_bytes=m.vector_bytes, fma_per_cycle=m.fma_per_cycle, parallel_speedup=speedup
+            ),
+            genomes,
+        )
 
     linear, single = scores(None), scores(1.0)
     gains = [a - b for a, b in zip(linear, single, strict=True)]  # scores are -ln(cycles)

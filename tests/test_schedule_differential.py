@@ -237,7 +237,7 @@ def sketch_traces(workload: str, func: Any) -> Iterator[Case]:
     ctx = ms.TuneContext(
         mod=tvm.IRModule({"main": func}), target=TARGET, space_generator="post-order-apply", task_name="x"
     )
-    keys = _core.sample_sketches(program_json(func), 2, SKETCH_TRACES_PER_WORKLOAD, 17)
+    keys = _core.Program(program_json(func)).sample_sketches(_core.Target(2), SKETCH_TRACES_PER_WORKLOAD, 17)
     for i, key in enumerate(keys):
         sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(func)))
         s_tir.Trace.apply_json_to_schedule(json.loads(key), sch)
@@ -267,7 +267,7 @@ def _compare(case: Case, trace: str, expected: dict[str, Any], postprocess: bool
     """``None`` when the engine agrees with TVM, else a description of the first difference."""
     dynamic = _is_dynamic(expected)
     try:
-        got = json.loads(_core.apply_trace(program_json(case.func), trace, postprocess))
+        got = json.loads(_core.Program(program_json(case.func)).apply_trace(trace, postprocess=postprocess))
     except fastsearch.ScheduleError as e:
         return None if dynamic else f"engine refused the trace: {e}"
     except fastsearch.FastsearchError as e:
@@ -399,7 +399,7 @@ INVALID = {
 def test_invalid_instruction_raises_schedule_error(name: str) -> None:
     program = program_json(_matmul_relu())
     with pytest.raises(fastsearch.ScheduleError):
-        _core.apply_trace(program, json.dumps([INVALID[name], []]), False)
+        _core.Program(program).apply_trace(json.dumps([INVALID[name], []]))
 
 
 def test_valid_handwritten_trace_applies() -> None:
@@ -413,7 +413,7 @@ def test_valid_handwritten_trace_applies() -> None:
         ["ReverseComputeAt", ["b1", "l1"], [1, -1], []],
         ["Vectorize", ["l4"], [], []],
     ]
-    nest = json.loads(_core.apply_trace(program_json(_matmul_relu()), json.dumps([trace, []]), False))
+    nest = json.loads(_core.Program(program_json(_matmul_relu())).apply_trace(json.dumps([trace, []])))
     outer = nest["body"][0]["loop"]
     assert outer["extent"] == 8
     inner = outer["body"][0]["loop"]
@@ -435,4 +435,4 @@ def test_valid_handwritten_trace_applies() -> None:
 )
 def test_garbage_trace_raises_invalid_trace(text: str) -> None:
     with pytest.raises(fastsearch.InvalidTrace):
-        _core.apply_trace(program_json(_matmul_relu()), text, False)
+        _core.Program(program_json(_matmul_relu())).apply_trace(text)

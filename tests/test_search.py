@@ -43,7 +43,7 @@ def test_rust_forest_matches_xgboost(objective):
         d.set_group([400])
     booster = xgb.train({"objective": objective, "max_depth": 6, "eta": 0.3}, d, 40)
     expected = booster.predict(xgb.DMatrix(x), output_margin=True)
-    got = np.array(_core.forest_predict(bytes(booster.save_raw("json")).decode(), x))
+    got = np.array(_core.Forest(bytes(booster.save_raw("json")).decode()).predict(x))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -51,7 +51,7 @@ def test_malformed_model_is_a_typed_error():
     import fastsearch
 
     with pytest.raises(fastsearch.MalformedInput):
-        _core.forest_predict('{"learner": {}}', np.zeros((1, 3), dtype=np.float32))
+        _core.Forest('{"learner": {}}').predict(np.zeros((1, 3), dtype=np.float32))
 
 
 def test_pairwise_accuracy():
@@ -63,8 +63,8 @@ def test_pairwise_accuracy():
 def test_sketch_features_are_finite_and_named():
     func = small("CBR")
     doc = program_json(func)
-    genomes = [g for _, g in _core.sample_genomes(doc, 2, 64, 16, 0)]
-    rows = _core.sketch_feature_rows(doc, 2, 64, genomes)
+    genomes = [g for _, g in _core.Program(doc).sample_genomes(_core.Target(2, vector_bytes=64), 16, 0)]
+    rows = _core.Program(doc).sketch_feature_rows(_core.Target(2, vector_bytes=64), genomes)
     assert rows.shape == (16, len(_core.SKETCH_FEATURE_NAMES))
     assert rows.dtype == np.float32
     assert np.isfinite(rows).all()
@@ -214,8 +214,8 @@ def test_model_guided_sampler_is_deterministic():
 def test_cost_model_learns_a_ranking():
     func = small("GMM")
     doc = program_json(func)
-    pairs = _core.sample_genomes(doc, 2, 64, 200, 1)
-    rows = _core.sketch_feature_rows(doc, 2, 64, [g for _, g in pairs])
+    pairs = _core.Program(doc).sample_genomes(_core.Target(2, vector_bytes=64), 200, 1)
+    rows = _core.Program(doc).sketch_feature_rows(_core.Target(2, vector_bytes=64), [g for _, g in pairs])
     lat = np.array([_fake_latency(k) for k, _ in pairs])
     model = CostModel()
     model.fit(rows[:150], lat[:150])
@@ -258,17 +258,17 @@ def test_search_state_makes_a_later_run_start_warm(tmp_path):
         generations=2,
         state=SearchState(tmp_path, "main"),
     )
-    model_json, weight, seeds = second._train(dict(history))
-    assert model_json is not None and weight > 0
+    model, weight, seeds = second._train(dict(history))
+    assert model is not None and weight > 0
     best = min(history, key=history.__getitem__)
     assert seeds[0] == saved.load_genomes()[best]  # the best measured seeds the population
 
     # with too few records of its own, a fresh sampler still starts from the saved model
     third = ModelGuidedSampler(func, TARGET, "evolutionary", dict, state=SearchState(tmp_path, "main"))
-    model_json, weight, _ = third._train({})
-    assert model_json is not None and weight > 0
-    rows = _core.sketch_feature_rows(third.program, 2, 64, list(saved.load_genomes().values())[:4])
-    assert np.isfinite(_core.forest_predict(model_json, rows)).all()  # the booster Rust evaluates
+    model, weight, _ = third._train({})
+    assert model is not None and weight > 0
+    rows = third.program.sketch_feature_rows(third.core_target, list(saved.load_genomes().values())[:4])
+    assert np.isfinite(model.predict(rows)).all()  # the booster Rust evaluates
 
 
 def test_analytical_model_waits_on_short_fma_chains_only_without_independent_work():
@@ -290,14 +290,16 @@ def test_analytical_model_waits_on_short_fma_chains_only_without_independent_wor
     one_chain = genome([8, 4, 2, 1], [1, 4, 1, 16], [1, 64])
     eight_vectors = genome([2, 4, 1, 8], [1, 4, 1, 16], [1, 64])
     overlapped = genome([2, 4, 8, 1], [1, 4, 1, 16], [64, 1])
-    a, b, c = _core.analytical_scores(program, 2, 64, [one_chain, eight_vectors, overlapped])
+    a, b, c = _core.Program(program).analytical_scores(
+        _core.Target(2, vector_bytes=64), [one_chain, eight_vectors, overlapped]
+    )
     assert b - a == pytest.approx(np.log(8 / (9 / 8)), rel=0.05)
     assert c - a == pytest.approx(np.log(8 / 2), rel=0.05)
     # A core issuing one 512-bit FMA a cycle (Zen 4) needs half the chains: one vector waits
     # 4x, not 8x, and four vectors keep it busy.
     four_vectors = genome([4, 4, 1, 4], [1, 4, 1, 16], [1, 64])
-    one, four, eight = _core.analytical_scores(
-        program, 2, 64, [one_chain, four_vectors, eight_vectors], fma_per_cycle=1.0
+    one, four, eight = _core.Program(program).analytical_scores(
+        _core.Target(2, vector_bytes=64, fma_per_cycle=1.0), [one_chain, four_vectors, eight_vectors]
     )
     assert four - one == pytest.approx(np.log(4 / (5 / 4)), rel=0.05)
     assert eight - four == pytest.approx(np.log((5 / 4) / (9 / 8)), abs=0.05)
@@ -390,14 +392,17 @@ def test_siblings_with_the_same_anchor_share_their_best_candidates():
 
 def test_sibling_genomes_carry_over_only_between_the_same_anchor():
     src, dst = program_json(matmul(32)), program_json(matmul_relu(32))
-    genomes = [g for _, g in _core.sample_genomes(src, 2, 64, 16, 0)]
-    moved = _core.transfer_sibling_genomes(src, dst, genomes)
+    genomes = [g for _, g in _core.Program(src).sample_genomes(_core.Target(2, vector_bytes=64), 16, 0)]
+    moved = _core.Program(dst).transfer_sibling_genomes(_core.Program(src), genomes)
     assert sum(m is not None for m in moved) >= len(genomes) // 2
     for m, g in zip(moved, genomes, strict=True):
         if m is not None:
             assert json.loads(m[1])["tiles"] == json.loads(g)["tiles"]
-    assert all(m is None for m in _core.transfer_sibling_genomes(src, program_json(softmax()), genomes))
-    assert _core.transfer_sibling_genomes(src, dst, ["not a genome"]) == [None]
+    assert all(
+        m is None
+        for m in _core.Program(program_json(softmax())).transfer_sibling_genomes(_core.Program(src), genomes)
+    )
+    assert _core.Program(dst).transfer_sibling_genomes(_core.Program(src), ["not a genome"]) == [None]
 
 
 def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
@@ -408,14 +413,10 @@ def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
     history: dict[str, float] = {}
     sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
     first = [c.key for c in sampler(func, TARGET, 8, 3, set())]
-    program = program_json(func)
-    m = machine_of(TARGET)
-    machine = (m.fma_per_cycle, m.parallel_speedup)
-    unevolved = _core.propose(
-        program, m.cores, m.vector_bytes, "evolutionary", 8, 3, {}, [], 64, 0, None, 0.0, *machine
-    )
-    evolved = _core.propose(
-        program, m.cores, m.vector_bytes, "evolutionary", 8, 3, {}, [], 64, 4, None, 0.0, *machine
-    )
+    program = _core.Program(program_json(func))
+    cpu = machine_of(TARGET).core_target()
+    cold = {"strategy": "evolutionary", "n": 8, "seed": 3, "measured": {}, "seeds": [], "population": 64}
+    unevolved = program.propose(cpu, generations=0, **cold)
+    evolved = program.propose(cpu, generations=4, **cold)
     assert first == [key for key, _, _, _ in unevolved]
     assert first != [key for key, _, _, _ in evolved]

@@ -28,7 +28,7 @@ def test_every_suite_candidate_applies_in_tvm():
     """All sampled candidates of all suite workloads replay in TVM and pass its postprocessors."""
     total = 0
     for family, idx, func in suite():
-        keys = _core.sample_sketches(program_json(func), 2, 8, seed=idx)
+        keys = _core.Program(program_json(func)).sample_sketches(_core.Target(2), 8, idx)
         assert len(keys) == 8, f"{family}[{idx}]: only {len(keys)} distinct candidates"
         post = Postprocessor(func, TARGET)
         cands = sample_candidates(func, TARGET, 8, seed=idx, postprocessor=post)
@@ -78,23 +78,23 @@ def test_gmm_matches_numpy():
 def test_same_seed_same_candidates_and_distinct():
     func = small("C2D")
     doc = program_json(func)
-    a = _core.sample_sketches(doc, 2, 32, seed=3)
-    b = _core.sample_sketches(doc, 2, 32, seed=3)
-    c = _core.sample_sketches(doc, 2, 32, seed=4)
+    a = _core.Program(doc).sample_sketches(_core.Target(2), 32, 3)
+    b = _core.Program(doc).sample_sketches(_core.Target(2), 32, 3)
+    c = _core.Program(doc).sample_sketches(_core.Target(2), 32, 4)
     assert a == b
     assert a != c
     assert len(set(a)) == len(a) == 32
-    assert set(_core.sample_sketches(doc, 2, 32, seed=3, exclude=a[:16])).isdisjoint(a[:16])
+    assert set(_core.Program(doc).sample_sketches(_core.Target(2), 32, 3, exclude=a[:16])).isdisjoint(a[:16])
 
 
 def test_same_candidates_on_one_thread():
     """Determinism does not depend on the number of threads of the Rust pool."""
     func = small("CBR")
     doc = program_json(func)
-    here = _core.sample_sketches(doc, 2, 64, seed=9)
+    here = _core.Program(doc).sample_sketches(_core.Target(2), 64, 9)
     code = (
         "import sys, json; from fastsearch import _core; "
-        "print(json.dumps(_core.sample_sketches(sys.stdin.read(), 2, 64, 9)))"
+        "print(json.dumps(_core.Program(sys.stdin.read()).sample_sketches(_core.Target(2), 64, 9)))"
     )
     env = dict(os.environ, RAYON_NUM_THREADS="1")
     out = subprocess.run(
@@ -118,7 +118,7 @@ def test_sketch_rules_cover_the_families():
 
     def kinds(func, n=64):
         found = set()
-        for key in _core.sample_sketches(program_json(func), 2, n, 0):
+        for key in _core.Program(program_json(func)).sample_sketches(_core.Target(2), n, 0):
             found.update(inst[0] for inst in json.loads(key)[0])
         return found
 
@@ -137,7 +137,9 @@ def test_softmax_rfactors_under_the_normalisation_loop():
     func = small("SFM")
     norm = 4  # blocks: maxelem, exp, expsum, norm (block 0 is the root)
     fused = []
-    for trace, genome in _core.sample_genomes(program_json(func), 2, 32, 400, 0):
+    for trace, genome in _core.Program(program_json(func)).sample_genomes(
+        _core.Target(2, vector_bytes=32), 400, 0
+    ):
         rules = json.loads(genome)["rules"]
         rfactored_at = [rules[b]["RFactor"]["at"] if "RFactor" in rules[b] else None for b in ("1", "3")]
         under_rows = rfactored_at == [[norm, 0]] * 2
@@ -173,7 +175,7 @@ def test_transposes_are_inlined_computed_at_the_root_or_under_the_matmul():
     names = [b["name"] for b in json.loads(program)["blocks"]]
     transposes = [str(names.index(n)) for n in ("query_T", "value_T")]
     by_rule: dict[str, str] = {}
-    for trace, genome in _core.sample_genomes(program, 2, 32, 300, 0):
+    for trace, genome in _core.Program(program).sample_genomes(_core.Target(2, vector_bytes=32), 300, 0):
         rules = json.loads(genome)["rules"]
         for b in transposes:
             kind = rules[b] if isinstance(rules[b], str) else next(iter(rules[b]))
@@ -197,12 +199,14 @@ def _padding_root_over_inline(workload: str) -> float:
     blocks = json.loads(prog)["blocks"]
     pad = next(str(i) for i, b in enumerate(blocks) if b["name"].lower().startswith("pad"))
     ratios = []
-    for _, text in _core.sample_genomes(prog, 2, 64, 200, 0):
+    for _, text in _core.Program(prog).sample_genomes(_core.Target(2, vector_bytes=64), 200, 0):
         g = json.loads(text)
         if g["rules"][pad] != "Inline":
             continue
         root = dict(g, rules={**g["rules"], pad: "Root"})
-        inline_score, root_score = _core.analytical_scores(prog, 2, 64, [text, json.dumps(root)])
+        inline_score, root_score = _core.Program(prog).analytical_scores(
+            _core.Target(2, vector_bytes=64), [text, json.dumps(root)]
+        )
         ratios.append(math.exp(inline_score - root_score))
     assert len(ratios) > 40
     return float(np.median(ratios))
@@ -221,7 +225,7 @@ def test_replaying_in_threads_gives_the_schedules_replayed_one_by_one():
     """TVM releases the GIL while it replays; schedules replayed on 4 threads are the ones
     replayed in order on one, in the same order."""
     func = small("C2D")
-    keys = _core.sample_sketches(program_json(func), 2, 24, seed=3)
+    keys = _core.Program(program_json(func)).sample_sketches(_core.Target(2), 24, 3)
     post = Postprocessor(func, TARGET)
     base = base_schedule(func)
     one_by_one = [replay(base, k, post) for k in keys]

@@ -31,8 +31,10 @@ def _genome_tiles(genome: str) -> dict:
 
 def test_transferred_genomes_fit_the_new_shape_and_replay_in_tvm():
     src, dst = matmul(48), matmul(40)
-    genomes = [g for _, g in _core.sample_genomes(program_json(src), 2, 64, 40, 3)]
-    moved = _core.transfer_genomes(program_json(dst), genomes)
+    genomes = [
+        g for _, g in _core.Program(program_json(src)).sample_genomes(_core.Target(2, vector_bytes=64), 40, 3)
+    ]
+    moved = _core.Program(program_json(dst)).transfer_genomes(genomes)
     assert all(m is not None for m in moved)
     for (key, genome), old in zip(moved, genomes):
         for loops, old_loops in zip(_genome_tiles(genome).values(), _genome_tiles(old).values()):
@@ -45,9 +47,14 @@ def test_transferred_genomes_fit_the_new_shape_and_replay_in_tvm():
 
 
 def test_genomes_of_another_operator_do_not_transfer():
-    genomes = [g for _, g in _core.sample_genomes(program_json(matmul(32)), 2, 64, 10, 0)]
-    assert _core.transfer_genomes(program_json(small("DEP")), genomes) == [None] * 10
-    assert _core.transfer_genomes(program_json(matmul(16)), ["{not a genome"]) == [None]
+    genomes = [
+        g
+        for _, g in _core.Program(program_json(matmul(32))).sample_genomes(
+            _core.Target(2, vector_bytes=64), 10, 0
+        )
+    ]
+    assert _core.Program(program_json(small("DEP"))).transfer_genomes(genomes) == [None] * 10
+    assert _core.Program(program_json(matmul(16))).transfer_genomes(["{not a genome"]) == [None]
 
 
 def test_warm_run_measures_refitted_seeds_first_and_is_correct(tmp_path):
@@ -55,8 +62,8 @@ def test_warm_run_measures_refitted_seeds_first_and_is_correct(tmp_path):
     warm = WarmStart(tmp_path / "src")
     assert warm.num_records == 8 and len(warm.sources) == 1
     dst = matmul(40)
-    expected = _core.transfer_genomes(
-        program_json(dst), [warm.sources[0].genomes[k] for k, s in warm.sources[0].valid]
+    expected = _core.Program(program_json(dst)).transfer_genomes(
+        [warm.sources[0].genomes[k] for k, s in warm.sources[0].valid]
     )
     seeds = [key for key, _ in filter(None, expected)]
     assert seeds, "the source run's valid candidates carry over"
@@ -100,13 +107,13 @@ def test_metaschedule_database_trains_the_model_and_seeds_its_own_workload(tmp_p
     tune_tir(func, tmp_path / "ms", 8)
     warm = WarmStart(tmp_path / "ms")
     assert warm.num_records == 8
-    program = program_json(func)
+    program = _core.Program(program_json(func))
     task = warm.for_task(func, program)
     # MetaSchedule keeps no genomes: nothing to refit, but the same workload's best traces are
     # measured as they are.
     assert task.seeds == [] and 1 <= len(task.same_workload) <= 4
     assert task.train({})
-    keys = [k for k, _ in _core.sample_genomes(program, 2, 64, 16, 5)]
+    keys = [k for k, _ in program.sample_genomes(_core.Target(2, vector_bytes=64), 16, 5)]
     predicted = task.predict(keys)
     assert predicted.shape == (16,) and np.isfinite(predicted).all()
 

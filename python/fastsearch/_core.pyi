@@ -1,31 +1,30 @@
-"""Type stubs of the Rust extension ``fastsearch._core``."""
+"""Type stubs of the Rust extension ``fastsearch._core``.
+
+Handles are built once and used many times: a :class:`Program` is parsed once and owns its
+sketch space, a :class:`Target` holds the CPU facts, a :class:`Forest` a learned model. Every
+call releases the GIL while the core works, and Ctrl-C interrupts the wait.
+"""
+
+from typing import Literal, final
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "SKETCH_FEATURE_NAMES",
     "FastsearchError",
+    "Forest",
     "InternalError",
     "InvalidTrace",
     "MalformedInput",
+    "Program",
     "ScheduleError",
+    "Target",
     "UnsupportedWorkload",
     "__version__",
-    "analytical_scores",
-    "apply_trace",
-    "extract_features",
-    "extract_features_each",
-    "forest_predict",
     "fusion_proposals",
     "merge_fusion_groups",
     "partition_graph",
-    "program_summary",
-    "propose",
-    "sample_genomes",
-    "sample_sketches",
-    "sketch_feature_rows",
-    "transfer_genomes",
-    "transfer_sibling_genomes",
 ]
 
 __version__: str
@@ -37,69 +36,78 @@ class InvalidTrace(FastsearchError): ...
 class MalformedInput(FastsearchError): ...
 class InternalError(FastsearchError): ...
 
-def program_summary(program_json: str) -> str: ...
-def sample_sketches(
-    program_json: str, num_cores: int, n: int, seed: int, exclude: list[str] = ...
-) -> list[str]: ...
-def extract_features(program_json: str, trace_jsons: list[str]) -> list[np.ndarray]: ...
-def extract_features_each(
-    program_json: str, trace_jsons: list[str], postprocess: bool = False
-) -> list[np.ndarray | None]: ...
-def sample_genomes(
-    program_json: str,
-    num_cores: int,
-    vector_bytes: int,
-    n: int,
-    seed: int,
-    exclude: list[str] = ...,
-    fma_per_cycle: float = 2.0,
-    parallel_speedup: float | None = None,
-) -> list[tuple[str, str]]: ...
-def transfer_genomes(program_json: str, genomes: list[str]) -> list[tuple[str, str] | None]: ...
-def transfer_sibling_genomes(
-    source_program_json: str, program_json: str, genomes: list[str]
-) -> list[tuple[str, str] | None]: ...
-def analytical_scores(
-    program_json: str,
-    num_cores: int,
-    vector_bytes: int,
-    genomes: list[str],
-    fma_per_cycle: float = 2.0,
-    parallel_speedup: float | None = None,
-) -> list[float]: ...
-def propose(
-    program_json: str,
-    num_cores: int,
-    vector_bytes: int,
-    strategy: str,
-    n: int,
-    seed: int,
-    measured: dict[str, float],
-    seeds: list[str],
-    population: int | None = None,
-    generations: int | None = None,
-    model_json: str | None = None,
-    model_weight: float = 0.0,
-    fma_per_cycle: float = 2.0,
-    parallel_speedup: float | None = None,
-) -> list[tuple[str, str, float, str]]: ...
-def sketch_feature_rows(
-    program_json: str,
-    num_cores: int,
-    vector_bytes: int,
-    genomes: list[str],
-    fma_per_cycle: float = 2.0,
-    parallel_speedup: float | None = None,
-) -> np.ndarray: ...
-def forest_predict(model_json: str, rows: np.ndarray) -> list[float]: ...
+@final
+class Target:
+    """A CPU as the search sees it."""
+
+    def __new__(
+        cls,
+        num_cores: int,
+        *,
+        vector_bytes: int = 32,
+        fma_per_cycle: float = 2.0,
+        parallel_speedup: float | None = None,
+    ) -> Target: ...
+    @property
+    def num_cores(self) -> int: ...
+    @property
+    def vector_bytes(self) -> int: ...
+    @property
+    def fma_per_cycle(self) -> float: ...
+    @property
+    def parallel_speedup(self) -> float: ...
+
+@final
+class Forest:
+    """Gradient-boosted trees (an XGBoost booster's JSON), evaluated in Rust."""
+
+    def __new__(cls, booster_json: str) -> Forest: ...
+    def predict(self, rows: npt.NDArray[np.float32]) -> list[float]: ...
+
+@final
+class Program:
+    """A task's program model (``fastsearch.ir.tir_import.program_json``), parsed once."""
+
+    def __new__(cls, program_json: str) -> Program: ...
+    def summary(self) -> str: ...
+    def sample_sketches(
+        self, target: Target, n: int, seed: int, *, exclude: list[str] = ...
+    ) -> list[str]: ...
+    def sample_genomes(
+        self, target: Target, n: int, seed: int, *, exclude: list[str] = ...
+    ) -> list[tuple[str, str]]: ...
+    def analytical_scores(self, target: Target, genomes: list[str]) -> list[float]: ...
+    def sketch_feature_rows(self, target: Target, genomes: list[str]) -> npt.NDArray[np.float32]: ...
+    def propose(
+        self,
+        target: Target,
+        *,
+        strategy: Literal["evolutionary", "annealing"],
+        n: int,
+        seed: int,
+        measured: dict[str, float],
+        seeds: list[str],
+        population: int | None = None,
+        generations: int | None = None,
+        model: Forest | None = None,
+        model_weight: float = 0.0,
+    ) -> list[tuple[str, str, float, str]]: ...
+    def transfer_genomes(self, genomes: list[str]) -> list[tuple[str, str] | None]: ...
+    def transfer_sibling_genomes(
+        self, source: Program, genomes: list[str]
+    ) -> list[tuple[str, str] | None]: ...
+    def apply_trace(self, trace_json: str, *, postprocess: bool = False) -> str: ...
+    def extract_features(self, trace_jsons: list[str]) -> list[npt.NDArray[np.float32]]: ...
+    def extract_features_each(
+        self, trace_jsons: list[str], *, postprocess: bool = False
+    ) -> list[npt.NDArray[np.float32] | None]: ...
 
 SKETCH_FEATURE_NAMES: list[str]
 
-def apply_trace(program_json: str, trace_json: str, postprocess: bool = False) -> str: ...
 def partition_graph(graph_json: str, max_fuse_depth: int = 256) -> list[list[int]]: ...
 def fusion_proposals(
     graph_json: str, groups: list[list[int]], max_fuse_depth: int = 256
-) -> list[tuple[str, list[int]]]: ...
+) -> list[tuple[Literal["prologue", "epilogue", "horizontal"], list[int]]]: ...
 def merge_fusion_groups(
     graph_json: str, groups: list[list[int]], merges: list[list[int]]
 ) -> list[list[int]]: ...

@@ -20,6 +20,7 @@ Each class is a MetaSchedule ``Py*`` object, accepted wherever MetaSchedule take
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import weakref
@@ -58,7 +59,10 @@ __all__ = [
 #: MetaSchedule's run time of a failed candidate.
 _FAILED_SECS = 1e10
 
-_programs: dict[int, str] = {}
+#: Programs imported for the drop-in classes, by structural hash, least recently used first.
+_programs: collections.OrderedDict[int, _core.Program] = collections.OrderedDict()
+#: How many the cache keeps: a whole model has tens of tasks, each asked for every batch.
+_PROGRAM_CACHE_SIZE = 128
 
 
 def _register_errors() -> None:
@@ -74,16 +78,21 @@ def _register_errors() -> None:
 _register_errors()
 
 
-def _program(mod: tvm.IRModule) -> str:
-    """fastsearch's program model of the task's PrimFunc, cached: every batch of every update and
-    prediction asks for it, and importing the function costs more than the features."""
+def _program(mod: tvm.IRModule) -> _core.Program:
+    """fastsearch's program model of the task's PrimFunc, cached (the last
+    ``_PROGRAM_CACHE_SIZE``): every batch of every update and prediction asks for it, and
+    importing the function costs more than the features."""
     key = int(structural_hash(mod))
-    if key not in _programs:
-        _programs[key] = program_json(main_function(mod)[1])
+    if key in _programs:
+        _programs.move_to_end(key)
+    else:
+        _programs[key] = _core.Program(program_json(main_function(mod)[1]))
+        while len(_programs) > _PROGRAM_CACHE_SIZE:
+            _programs.popitem(last=False)
     return _programs[key]
 
 
-def _engine_features(program: str, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
+def _engine_features(program: _core.Program, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
     """Per-store features of each trace, or the engine's error for one it cannot replay."""
     try:
         return list(extract_features_json(program, traces))
@@ -384,7 +393,7 @@ class SearchStrategy(PySearchStrategy):
             raise ValueError("SearchStrategy.pre_tuning before it was initialized with a TuneContext")
         for i, space in enumerate(design_spaces):
             try:
-                _core.apply_trace(self.program, trace_text(space.trace), False)
+                self.program.apply_trace(trace_text(space.trace))
             except FastsearchError as exc:
                 raise type(exc)(
                     f"design space {i} of {len(design_spaces)} cannot be replayed by fastsearch's "

@@ -88,10 +88,13 @@ FEATURE_NAMES = (
 )
 
 
-def extract_features_json(program: str, traces: Sequence[str]) -> list[np.ndarray]:
-    """Features of each trace (JSON text) on a program model (JSON from
-    ``fastsearch.ir.tir_import.program_json``): one ``(n_stores, 164)`` float32 array each."""
-    return _core.extract_features(program, list(traces))
+def extract_features_json(program: str | _core.Program, traces: Sequence[str]) -> list[np.ndarray]:
+    """Features of each trace (JSON text) on a program model (an imported ``_core.Program``, or
+    the JSON of ``fastsearch.ir.tir_import.program_json``): one ``(n_stores, 164)`` float32
+    array each."""
+    if isinstance(program, str):
+        program = _core.Program(program)
+    return program.extract_features(list(traces))
 
 
 def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> list[np.ndarray]:
@@ -110,18 +113,18 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     texts = [
         t if isinstance(t, str) else trace_text(t) if isinstance(t, Trace) else trace_json(t) for t in traces
     ]
-    program = program_json(func)
+    program = _core.Program(program_json(func))
     try:
-        return extract_features_json(program, texts)
+        return program.extract_features(texts)
     except (InvalidTrace, ScheduleError) as exc:
         raise _name_bad_trace(program, texts, exc) from exc
 
 
-def _name_bad_trace(program: str, texts: Sequence[str], exc: Exception) -> Exception:
+def _name_bad_trace(program: _core.Program, texts: Sequence[str], exc: Exception) -> Exception:
     """The engine's error for a batch names no trace: find the first one that fails alone."""
     for i, text in enumerate(texts):
         try:
-            _core.apply_trace(program, text, False)
+            program.apply_trace(text)
         except (InvalidTrace, ScheduleError) as one:
             excerpt = text if len(text) <= 80 else text[:77] + "..."
             return type(one)(f"trace {i} of {len(texts)} ({excerpt!r}): {one}")

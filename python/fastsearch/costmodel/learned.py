@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class CostModel:
         self.params = dict(XGB_PARAMS, **(params or {}))
         self.rounds = rounds
         self.booster: xgb.Booster | None = None
+        self._forest: tuple[Any, _core.Forest] | None = None  # (the booster it was read from, it)
         self.trained_on = 0
 
     @staticmethod
@@ -70,7 +71,15 @@ class CostModel:
         """Predicted relative throughput, evaluated by fastsearch's Rust forest."""
         if self.booster is None:
             raise ValueError("the cost model is not trained")
-        return np.asarray(_core.forest_predict(self.to_json(), np.asarray(features, dtype=np.float32)))
+        return np.asarray(self.forest().predict(np.asarray(features, dtype=np.float32)))
+
+    def forest(self) -> _core.Forest:
+        """The trained trees as fastsearch's Rust forest (read once per training)."""
+        if self.booster is None:
+            raise ValueError("the cost model is not trained")
+        if self._forest is None or self._forest[0] is not self.booster:
+            self._forest = (self.booster, _core.Forest(self.to_json()))
+        return self._forest[1]
 
     def to_json(self) -> str:
         if self.booster is None:
@@ -151,6 +160,7 @@ class StoreFeatureModel:
         self.params = dict(STORE_XGB_PARAMS, **(params or {}))
         self.rounds = rounds
         self.booster_json: str | None = None
+        self._forest: tuple[str, _core.Forest] | None = None  # (the JSON it was read from, it)
 
     @property
     def trained(self) -> bool:
@@ -170,13 +180,15 @@ class StoreFeatureModel:
         if self.booster_json is None:
             raise ValueError("the store-feature model is not trained")
         x = np.asarray(pooled, dtype=np.float32).reshape(-1, 2 * N_STORE_FEATURES)
-        return np.asarray(_core.forest_predict(self.booster_json, x), dtype=np.float64)
+        if self._forest is None or self._forest[0] is not self.booster_json:
+            self._forest = (self.booster_json, _core.Forest(self.booster_json))
+        return np.asarray(self._forest[1].predict(x), dtype=np.float64)
 
 
-def pooled_features(program: str, keys: Sequence[str]) -> np.ndarray:
+def pooled_features(program: _core.Program, keys: Sequence[str]) -> np.ndarray:
     """Pooled per-store features of candidates (trace JSON keys) of ``program``, after
     postprocessing; a row of NaN for a candidate the engine cannot replay."""
-    rows = _core.extract_features_each(program, list(keys), True)
+    rows = program.extract_features_each(list(keys), postprocess=True)
     pooled = pool_store_features([r if r is not None else np.zeros((0, 0), np.float32) for r in rows])
     for i, r in enumerate(rows):
         if r is None:
@@ -189,7 +201,7 @@ class StoreRanker:
     tasks' records, given as ``(pooled features, latencies)``), it scores candidates by key.
     Features are computed once per key."""
 
-    def __init__(self, program: str) -> None:
+    def __init__(self, program: _core.Program) -> None:
         self.program = program
         self.model = StoreFeatureModel()
         self._features: dict[str, np.ndarray] = {}

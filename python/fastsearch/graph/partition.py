@@ -216,7 +216,7 @@ def fusion_proposals(
     ``"horizontal"`` and the merged groups as :func:`partition` names them."""
     graph = extract_graph(prepare(mod), func_name)
     groups = partition_groups(graph, max_fuse_depth)
-    found = []
+    found: list[tuple[str, list[list[str]]]] = []
     for kind, merged in _core.fusion_proposals(graph.to_json(), groups, max_fuse_depth):
         found.append((kind, [graph.callees(groups[g]) for g in merged]))
     return found

@@ -138,7 +138,7 @@ def loop_nest_from_trace(func: tirx.PrimFunc, trace: Any, postprocess: bool = Fa
     """The loop nest fastsearch's engine builds by replaying ``trace`` (JSON text, a TVM
     ``Trace`` or its ``as_json()`` value) on the unscheduled ``func``."""
     text = trace if isinstance(trace, str) else trace_json(trace)
-    return json.loads(_core.apply_trace(program_json(func), text, postprocess))
+    return json.loads(_core.Program(program_json(func)).apply_trace(text, postprocess=postprocess))
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:

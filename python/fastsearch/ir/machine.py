@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import tvm
 
+from fastsearch import _core
 from fastsearch.ir.target import host_cpu
 
 #: Overrides the runtime's thread count as the speedup on all cores: a number, or ``linear``.
@@ -80,6 +81,15 @@ class Machine(NamedTuple):
     fma_per_cycle: float
     #: Speedup of a kernel on all ``cores`` over one core; None: linear (``cores``).
     parallel_speedup: float | None
+
+    def core_target(self) -> _core.Target:
+        """This machine as the Rust search's :class:`fastsearch._core.Target`."""
+        return _core.Target(
+            self.cores,
+            vector_bytes=self.vector_bytes,
+            fma_per_cycle=self.fma_per_cycle,
+            parallel_speedup=self.parallel_speedup,
+        )
 
 
 def machine_of(target: tvm.target.Target) -> Machine:

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Literal, cast, get_args
 
 import numpy as np
 import tvm
@@ -63,7 +64,9 @@ RERANK_WEIGHT = 0.5
 #: proposals was 3.8% faster with 0 generations than with 4 (BENCHMARKS.md, first batch).
 COLD_GENERATIONS = 0
 
-STRATEGIES = ("evolutionary", "annealing")
+#: The Rust search's strategies.
+SearchName = Literal["evolutionary", "annealing"]
+STRATEGIES: tuple[SearchName, ...] = get_args(SearchName)
 
 #: Proposals of the Rust search: (key, genome JSON, predicted score, role), best first.
 Proposals = list[tuple[str, str, float, str]]
@@ -97,10 +100,12 @@ class ModelGuidedSampler:
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
-        self.strategy = strategy
-        self.program = program_json(func)
+        self.strategy = cast(SearchName, strategy)
+        text = program_json(func)
+        self.program = _core.Program(text)
         self.base = base_schedule(func)
         self.machine = machine_of(target)
+        self.core_target = self.machine.core_target()
         self.history = history
         self.postprocessor = postprocessor or Postprocessor(func, target)
         self.population = population
@@ -120,7 +125,7 @@ class ModelGuidedSampler:
         self.name = name
         self.siblings = siblings
         if siblings is not None:
-            siblings.register(name, self.program, history, self.genomes)
+            siblings.register(name, self.program, anchor_extents(text), history, self.genomes)
         self.store_ranker = StoreRanker(self.program) if rerank else None
         # Replay runs on this machine, whatever the target: one thread per core it has.
         self.replay_threads = physical_cores()
@@ -128,7 +133,7 @@ class ModelGuidedSampler:
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
 
-    def _train(self, measured: dict[str, float]) -> tuple[str | None, float, list[str]]:
+    def _train(self, measured: dict[str, float]) -> tuple[_core.Forest | None, float, list[str]]:
         """Retrains on the measured candidates we know the genome of (and a warm start's records
         of other shapes, and the run's sibling tasks' records); returns (model, weight, seeds)."""
         known = [(k, lat) for k, lat in measured.items() if k in self.genomes]
@@ -146,16 +151,9 @@ class ModelGuidedSampler:
         if not other and (len(known) < MIN_RECORDS or not seeds):
             if self.saved_model is not None:  # a model saved by an earlier run starts us warm
                 model_json, trained_on = self.saved_model
-                return model_json, min(1.0, trained_on / FULL_WEIGHT_RECORDS), seeds
+                return _core.Forest(model_json), min(1.0, trained_on / FULL_WEIGHT_RECORDS), seeds
             return None, 0.0, seeds
-        rows = _core.sketch_feature_rows(
-            self.program,
-            self.machine.cores,
-            self.machine.vector_bytes,
-            [self.genomes[k] for k, _ in known],
-            self.machine.fma_per_cycle,
-            self.machine.parallel_speedup,
-        )
+        rows = self.program.sketch_feature_rows(self.core_target, [self.genomes[k] for k, _ in known])
         labels = CostModel.labels(np.array([lat for _, lat in known]))
         weights = np.ones(len(known))
         weight = min(1.0, len(labels) / FULL_WEIGHT_RECORDS)
@@ -174,16 +172,15 @@ class ModelGuidedSampler:
             )
         self.model.fit_labels(rows, labels, weights)
         self.timing["model"] += time.perf_counter() - t0
-        model_json = self.model.to_json()
         if self.state is not None:
-            self.state.save_model(model_json, len(labels))
-        return model_json, weight, seeds
+            self.state.save_model(self.model.to_json(), len(labels))
+        return self.model.forest(), weight, seeds
 
     def __call__(
         self, func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
     ) -> list[Candidate | tvm.s_tir.Trace]:
         measured = self._measured()
-        model_json, weight, seeds = self._train(measured)
+        model, weight, seeds = self._train(measured)
         # Keys TVM refused, or otherwise excluded, count as measured: never proposed again.
         known = dict(measured)
         for key in exclude:
@@ -210,24 +207,20 @@ class ModelGuidedSampler:
         late = warm_weight == 0 and self.store_ranker is not None and valid >= RERANK_AFTER
         pool = want * WARM_POOL if warm_weight > 0 else want * RERANK_POOL if late else want
         generations = self.generations
-        if generations is None and model_json is None and self.strategy == "evolutionary":
+        if generations is None and model is None and self.strategy == "evolutionary":
             generations = COLD_GENERATIONS
         t0 = time.perf_counter()
-        proposals = _core.propose(
-            self.program,
-            self.machine.cores,
-            self.machine.vector_bytes,
-            self.strategy,
-            pool,
-            seed,
-            known,
-            seeds,
-            self.population,
-            generations,
-            model_json,
-            weight,
-            self.machine.fma_per_cycle,
-            self.machine.parallel_speedup,
+        proposals = self.program.propose(
+            self.core_target,
+            strategy=self.strategy,
+            n=pool,
+            seed=seed,
+            measured=known,
+            seeds=seeds,
+            population=self.population,
+            generations=generations,
+            model=model,
+            model_weight=weight,
         )
         self.timing["search"] += time.perf_counter() - t0
         self.search_parts["propose"] += time.perf_counter() - t0
@@ -361,11 +354,17 @@ def anchor_distance(a: tuple[str, list[int]] | None, b: tuple[str, list[int]] | 
 
 
 class _Sibling:
-    def __init__(self, program: str, history: History, genomes: dict[str, str]) -> None:
+    def __init__(
+        self,
+        program: _core.Program,
+        anchor: tuple[str, list[int]] | None,
+        history: History,
+        genomes: dict[str, str],
+    ) -> None:
         self.program = program
         self.history = history
         self.genomes = genomes
-        self.anchor = anchor_extents(program)
+        self.anchor = anchor
         self.rows: dict[tuple[Machine, str], np.ndarray] = {}  # sketch feature rows, by machine and key
         self.moved: dict[tuple[str, str], tuple[str, str] | None] = {}  # (to task, key) -> refit
 
@@ -383,9 +382,17 @@ class SiblingRecords:
     def __init__(self) -> None:
         self.tasks: dict[str, _Sibling] = {}
 
-    def register(self, name: str, program: str, history: History, genomes: dict[str, str]) -> None:
-        """Add a task; ``genomes`` is the sampler's own dict, which grows as it proposes."""
-        self.tasks[name] = _Sibling(program, history, genomes)
+    def register(
+        self,
+        name: str,
+        program: _core.Program,
+        anchor: tuple[str, list[int]] | None,
+        history: History,
+        genomes: dict[str, str],
+    ) -> None:
+        """Add a task (its program and :func:`anchor_extents`); ``genomes`` is the sampler's own
+        dict, which grows as it proposes."""
+        self.tasks[name] = _Sibling(program, anchor, history, genomes)
 
     def training(self, name: str, machine: Machine) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(rows, labels, weights) of the siblings of task ``name``; None when none has a
@@ -404,13 +411,8 @@ class SiblingRecords:
                 continue
             todo = [k for k, _ in known if (machine, k) not in other.rows]
             if todo:
-                new = _core.sketch_feature_rows(
-                    other.program,
-                    machine.cores,
-                    machine.vector_bytes,
-                    [other.genomes[k] for k in todo],
-                    machine.fma_per_cycle,
-                    machine.parallel_speedup,
+                new = other.program.sketch_feature_rows(
+                    machine.core_target(), [other.genomes[k] for k in todo]
                 )
                 for k, row in zip(todo, np.asarray(new).reshape(len(todo), -1), strict=True):
                     other.rows[(machine, k)] = row
@@ -424,7 +426,7 @@ class SiblingRecords:
     def transfers(self, name: str) -> list[tuple[str, str]]:
         """(key, genome) on task ``name`` of the ``SIBLING_SEEDS`` best measured candidates of
         each sibling with the very same anchor, carried over block by block
-        (``_core.transfer_sibling_genomes``): every sibling's best first, then the next."""
+        (``Program.transfer_sibling_genomes``): every sibling's best first, then the next."""
         mine = self.tasks[name]
         ranked: list[list[tuple[str, str]]] = []
         for other_name in sorted(self.tasks):
@@ -436,9 +438,7 @@ class SiblingRecords:
             )[:SIBLING_SEEDS]
             todo = [k for _, k in best if (name, k) not in other.moved]
             if todo:
-                moved = _core.transfer_sibling_genomes(
-                    other.program, mine.program, [other.genomes[k] for k in todo]
-                )
+                moved = mine.program.transfer_sibling_genomes(other.program, [other.genomes[k] for k in todo])
                 for k, m in zip(todo, moved, strict=True):
                     other.moved[(name, k)] = m
             ranked.append([m for _, k in best if (m := other.moved[(name, k)]) is not None])

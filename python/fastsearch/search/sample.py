@@ -136,7 +136,8 @@ def sample_candidates(
     postprocessor: Postprocessor | None = None,
 ) -> list[Candidate]:
     """Up to ``n`` distinct candidates whose keys are not in ``exclude``, in a deterministic order."""
-    program = program_json(func)
+    program = _core.Program(program_json(func))
+    cpu = _core.Target(num_cores(target))
     postprocessor = postprocessor or Postprocessor(func, target)
     excluded = list(exclude)
     base = base_schedule(func)
@@ -145,7 +146,7 @@ def sample_candidates(
     draw_seed = seed
     # TVM may refuse a candidate our sketches produce; draw again (bounded) rather than return fewer.
     for _ in range(4):
-        keys = _core.sample_sketches(program, num_cores(target), n - len(out), draw_seed, excluded)
+        keys = program.sample_sketches(cpu, n - len(out), draw_seed, exclude=excluded)
         for key in keys:
             sch = replay(base, key, postprocessor)
             if sch is None:

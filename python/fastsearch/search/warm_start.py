@@ -16,7 +16,7 @@ uses its records in these ways:
   of its own.
 * **Seeds.** Candidates that fastsearch found on other shapes of the same operator (their
   genomes are kept next to its database) are refitted to the new shape
-  (``fastsearch._core.transfer_genomes``: same structure and annotations, tile factors moved to
+  (``fastsearch._core.Program.transfer_genomes``: same structure and annotations, tile factors moved to
   the nearest that divide the new extents) and measured first, the best of each source shape in
   turn; once measured, the good ones seed the evolutionary population. Records of the very
   same workload, from either tuner, are measured again as they are.
@@ -72,7 +72,7 @@ class _Source:
 
     func: tvm.tirx.PrimFunc
     shash: int
-    program: str | None  # None: fastsearch's program model cannot import it
+    program: _core.Program | None  # None: fastsearch's program model cannot import it
     records: list[tuple[str, float]]  # (candidate key, mean seconds; inf = failed), fastest first
     genomes: dict[str, str] = field(default_factory=dict)
     traces: dict[str, Trace] = field(default_factory=dict)  # the recorded trace of each key
@@ -150,7 +150,7 @@ class WarmStart:
                 out.append((src.pooled[keep], lat[keep]))
         return out
 
-    def for_task(self, func: tvm.tirx.PrimFunc, program: str) -> TaskWarmStart:
+    def for_task(self, func: tvm.tirx.PrimFunc, program: _core.Program) -> TaskWarmStart:
         """What the records offer one task: its seeds and a model trained on them."""
         own = int(structural_hash(tvm.IRModule({"main": func})))
         same: list[Trace] = []
@@ -163,7 +163,7 @@ class WarmStart:
             best = [(k, src.genomes[k]) for k, _ in src.valid if k in src.genomes]
             if not best:
                 continue
-            moved = _core.transfer_genomes(program, [g for _, g in best])
+            moved = program.transfer_genomes([g for _, g in best])
             ranked.append((shape_distance(src.func, func), [m for m in moved if m is not None]))
         # Best first, nearest shapes first: a seed's rank within its source plus the source's
         # distance in shape, so the best of a near shape precedes the second best of a far one.
@@ -193,7 +193,7 @@ class TaskWarmStart:
         self,
         warm: WarmStart,
         func: tvm.tirx.PrimFunc,
-        program: str,
+        program: _core.Program,
         seeds: list[tuple[str, str]],
         same: list[Trace],
     ) -> None:
@@ -217,14 +217,7 @@ class TaskWarmStart:
                 known = [(k, s) for k, s in src.records if k in src.genomes]
                 if src.program is None or not known or not any(math.isfinite(s) for _, s in known):
                     continue
-                x = _core.sketch_feature_rows(
-                    src.program,
-                    machine.cores,
-                    machine.vector_bytes,
-                    [src.genomes[k] for k, _ in known],
-                    machine.fma_per_cycle,
-                    machine.parallel_speedup,
-                )
+                x = src.program.sketch_feature_rows(machine.core_target(), [src.genomes[k] for k, _ in known])
                 rows.append(np.asarray(x).reshape(len(known), -1))
                 labels.append(CostModel.labels(np.array([s for _, s in known])))
                 decay = math.exp(-SOURCE_DISTANCE_DECAY * min(shape_distance(src.func, self.func), 50.0))
@@ -269,9 +262,9 @@ def mean_log2_ratio(a: Sequence[int], b: Sequence[int]) -> float:
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def _program_or_none(func: tvm.tirx.PrimFunc) -> str | None:
+def _program_or_none(func: tvm.tirx.PrimFunc) -> _core.Program | None:
 
     try:
-        return program_json(func)
+        return _core.Program(program_json(func))
     except FastsearchError:
         return None

@@ -31,6 +31,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
+from fastsearch import _core
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.graph.relax_tasks import ModelTask, extract_tasks, is_relax_module
@@ -127,7 +128,9 @@ def _resolve_sampler(
                 history,
                 postprocessor=task.post,
                 state=SearchState(db.path, task.name),
-                warm=warm.for_task(task.func, program_json(task.func)) if warm is not None else None,
+                warm=warm.for_task(task.func, _core.Program(program_json(task.func)))
+                if warm is not None
+                else None,
                 siblings=siblings,
                 name=task.name,
                 rerank=rerank,

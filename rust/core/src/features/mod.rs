@@ -163,32 +163,36 @@ pub fn extract_traces(
         .collect()
 }
 
-/// [`extract_traces`] from JSON, failing on the first candidate that fails (naming it).
+/// [`extract_traces`] from JSON, failing on the first candidate that fails (naming it): the
+/// features concatenated, with each trace's row count.
 pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f32>, Vec<usize>)> {
-    let program = Program::from_json(program_json)?;
-    let mut data = Vec::new();
-    let mut counts = Vec::with_capacity(traces.len());
-    for (i, r) in extract_traces(&program, traces, false)
+    let each = extract_all(&Program::from_json(program_json)?, traces)?;
+    let counts = each.iter().map(|rows| rows.len() / N_FEATURES).collect();
+    Ok((each.concat(), counts))
+}
+
+/// The features of every trace on `program` (row-major, [`N_FEATURES`] per row), one vector per
+/// trace; the first trace that cannot be replayed fails the batch, its index in the error.
+pub fn extract_all(program: &Program, traces: &[String]) -> Result<Vec<Vec<f32>>> {
+    extract_traces(program, traces, false)
         .into_iter()
         .enumerate()
-    {
-        let rows = r.map_err(|e| match e {
-            Error::Schedule {
-                instruction,
-                message,
-            } => Error::Schedule {
-                instruction,
-                message: format!("candidate {i}: {message}"),
-            },
-            Error::InvalidTrace(m) => Error::InvalidTrace(format!("candidate {i}: {m}")),
-            Error::Unsupported(m) => Error::Unsupported(format!("candidate {i}: {m}")),
-            Error::Malformed(m) => Error::Malformed(format!("candidate {i}: {m}")),
-            Error::Internal(m) => Error::Internal(format!("candidate {i}: {m}")),
-        })?;
-        counts.push(rows.len() / N_FEATURES);
-        data.extend(rows);
-    }
-    Ok((data, counts))
+        .map(|(i, r)| {
+            r.map_err(|e| match e {
+                Error::Schedule {
+                    instruction,
+                    message,
+                } => Error::Schedule {
+                    instruction,
+                    message: format!("candidate {i}: {message}"),
+                },
+                Error::InvalidTrace(m) => Error::InvalidTrace(format!("candidate {i}: {m}")),
+                Error::Unsupported(m) => Error::Unsupported(format!("candidate {i}: {m}")),
+                Error::Malformed(m) => Error::Malformed(format!("candidate {i}: {m}")),
+                Error::Internal(m) => Error::Internal(format!("candidate {i}: {m}")),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 /// estimate of the best measured candidate.
 pub struct HybridScorer<'a> {
     target: &'a CpuTarget,
-    forest: Option<Forest>,
+    forest: Option<&'a Forest>,
     weight: f64,
     reference_cycles: f64,
 }
@@ -30,7 +30,7 @@ impl<'a> HybridScorer<'a> {
         program: &Program,
         space: &SketchSpace,
         target: &'a CpuTarget,
-        forest: Option<Forest>,
+        forest: Option<&'a Forest>,
         weight: f64,
         best_measured: Option<&Genome>,
     ) -> Self {

@@ -34,9 +34,13 @@ use crate::program::Program;
 /// trace's postprocessing instructions (after `EnterPostproc`) are replaced by our own
 /// implementation of the CPU postprocessors.
 pub fn apply_trace(program_json: &str, trace_json: &str, postprocess: bool) -> Result<String> {
-    let program = Program::from_json(program_json)?;
+    apply_trace_to(&Program::from_json(program_json)?, trace_json, postprocess)
+}
+
+/// [`apply_trace`] on a program already imported.
+pub fn apply_trace_to(program: &Program, trace_json: &str, postprocess: bool) -> Result<String> {
     let trace = Trace::from_json(trace_json)?;
-    let mut st = State::from_program(&program)?;
+    let mut st = State::from_program(program)?;
     trace::apply_trace(&mut st, &trace, postprocess)?;
     Ok(nest::loop_nest(&st).to_string())
 }

@@ -1,0 +1,362 @@
+//! `Program`: a task's program model, imported once and owning its sketch space, with every
+//! operation the search runs on it (sampling, scoring, proposing, transfer, replay, features).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+use fastsearch_core::model::analytical;
+use fastsearch_core::model::sketch_features::{sketch_features, SKETCH_FEATURES};
+use fastsearch_core::model::HybridScorer;
+use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
+use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
+use fastsearch_core::search::SearchContext;
+use fastsearch_core::sketch::{self, Genome, SketchSpace};
+use fastsearch_core::{features, schedule, Error};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use rayon::prelude::*;
+
+use crate::errors::guarded;
+use crate::forest::Forest;
+use crate::target::Target;
+
+/// The imported program and its sketch space, built on first use (replay and features do
+/// not need it).
+struct Imported {
+    program: fastsearch_core::program::Program,
+    space: OnceLock<SketchSpace>,
+}
+
+impl Imported {
+    fn space(&self) -> &SketchSpace {
+        self.space.get_or_init(|| SketchSpace::new(&self.program))
+    }
+}
+
+/// A task's program model (the JSON `fastsearch.ir.tir_import.program_json` writes), parsed
+/// once. Candidates cross as keys (trace JSON) and genomes (JSON).
+#[pyclass(frozen, module = "fastsearch._core", name = "Program")]
+pub struct Program {
+    imported: Arc<Imported>,
+}
+
+fn parse_genomes(jsons: &[String]) -> Result<Vec<Genome>, Error> {
+    jsons
+        .iter()
+        .map(|j| serde_json::from_str(j).map_err(|e| Error::Malformed(format!("genome JSON: {e}"))))
+        .collect()
+}
+
+fn genome_json(g: &Genome) -> String {
+    serde_json::to_string(g).unwrap_or_default()
+}
+
+/// `(key, genome JSON)` on `imported` of each genome JSON that `moved` carries over (in
+/// parallel, in input order); `None` where it does not, or where the JSON is not a genome.
+fn carry_over(
+    imported: &Imported,
+    genomes: &[String],
+    moved: impl Fn(&Genome) -> Option<Genome> + Sync,
+) -> Vec<Option<(String, String)>> {
+    let space = imported.space();
+    genomes
+        .par_iter()
+        .map(|text| {
+            let genome: Genome = serde_json::from_str(text).ok()?;
+            let out = moved(&genome)?;
+            Some((
+                sketch::emit(&imported.program, space, &out).to_string(),
+                genome_json(&out),
+            ))
+        })
+        .collect()
+}
+
+/// A search proposal as Python sees it: `(key, genome JSON, score, role)`.
+type Proposal = (String, String, f64, &'static str);
+
+#[pymethods]
+impl Program {
+    #[new]
+    #[pyo3(text_signature = "(program_json)")]
+    fn new(py: Python<'_>, program_json: String) -> PyResult<Self> {
+        let program = guarded(py, "Program", move || {
+            fastsearch_core::program::Program::from_json(&program_json)
+        })?;
+        Ok(Program {
+            imported: Arc::new(Imported {
+                program,
+                space: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// A JSON summary: the blocks with their iteration kinds, loops and arithmetic.
+    fn summary(&self, py: Python<'_>) -> PyResult<String> {
+        let imported = Arc::clone(&self.imported);
+        guarded(py, "Program.summary", move || {
+            Ok(fastsearch_core::program::summary(&imported.program).to_string())
+        })
+    }
+
+    /// Up to `n` distinct candidates of fastsearch's CPU sketches as MetaSchedule trace JSON
+    /// (before postprocessing), skipping the keys in `exclude`.
+    #[pyo3(signature = (target, n, seed, *, exclude = Vec::new()))]
+    fn sample_sketches(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, Target>,
+        n: usize,
+        seed: u64,
+        exclude: Vec<String>,
+    ) -> PyResult<Vec<String>> {
+        let imported = Arc::clone(&self.imported);
+        let cpu = target.get().cpu.clone();
+        guarded(py, "Program.sample_sketches", move || {
+            let exclude: HashSet<String> = exclude.into_iter().collect();
+            Ok(sketch::sample(&imported.program, &cpu, n, seed, &exclude))
+        })
+    }
+
+    /// Like `sample_sketches`, each candidate as `(key, genome JSON)`.
+    #[pyo3(signature = (target, n, seed, *, exclude = Vec::new()))]
+    fn sample_genomes(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, Target>,
+        n: usize,
+        seed: u64,
+        exclude: Vec<String>,
+    ) -> PyResult<Vec<(String, String)>> {
+        let imported = Arc::clone(&self.imported);
+        let cpu = target.get().cpu.clone();
+        guarded(py, "Program.sample_genomes", move || {
+            let exclude: HashSet<String> = exclude.into_iter().collect();
+            Ok(
+                sketch::sample_genomes(&imported.program, &cpu, n, seed, &exclude)
+                    .into_iter()
+                    .map(|(k, g)| (k, genome_json(&g)))
+                    .collect(),
+            )
+        })
+    }
+
+    /// The analytical model's scores (higher is better) of candidates given as genome JSON.
+    fn analytical_scores(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, Target>,
+        genomes: Vec<String>,
+    ) -> PyResult<Vec<f64>> {
+        let imported = Arc::clone(&self.imported);
+        let cpu = target.get().cpu.clone();
+        guarded(py, "Program.analytical_scores", move || {
+            let genomes = parse_genomes(&genomes)?;
+            Ok(analytical::score(
+                &imported.program,
+                imported.space(),
+                &genomes,
+                &cpu,
+            ))
+        })
+    }
+
+    /// The sketch-level features of candidates (genome JSON), one row each:
+    /// `(len(genomes), len(SKETCH_FEATURE_NAMES))` float32.
+    fn sketch_feature_rows<'py>(
+        &self,
+        py: Python<'py>,
+        target: &Bound<'py, Target>,
+        genomes: Vec<String>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let imported = Arc::clone(&self.imported);
+        let cpu = target.get().cpu.clone();
+        let (rows, n) = guarded(py, "Program.sketch_feature_rows", move || {
+            let genomes = parse_genomes(&genomes)?;
+            let space = imported.space();
+            let rows: Vec<f32> = genomes
+                .par_iter()
+                .flat_map_iter(|g| sketch_features(&imported.program, space, g, &cpu))
+                .collect();
+            Ok((rows, genomes.len()))
+        })?;
+        // The Vec moves into the array: no copy.
+        PyArray1::from_vec(py, rows).reshape([n, SKETCH_FEATURES])
+    }
+
+    /// Proposes `n` unmeasured candidates with the search `strategy` ("evolutionary" or
+    /// "annealing"). `measured` maps keys of measured candidates to their latency; `seeds` are
+    /// genomes (JSON) of the best measured, best first. The score is the analytical model's,
+    /// blended with `model` (a `Forest` on sketch features) at `model_weight`. `population` and
+    /// `generations` are the evolution's (the annealing's chains and steps). Returns
+    /// `(key, genome JSON, score, role)`, best predicted first; the role says why each is there:
+    /// "exploit", "shape", "structure" or "random".
+    #[pyo3(signature = (
+        target, *, strategy, n, seed, measured, seeds,
+        population = None, generations = None, model = None, model_weight = 0.0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn propose(
+        &self,
+        py: Python<'_>,
+        target: &Bound<'_, Target>,
+        strategy: String,
+        n: usize,
+        seed: u64,
+        measured: HashMap<String, f64>,
+        seeds: Vec<String>,
+        population: Option<usize>,
+        generations: Option<usize>,
+        model: Option<&Bound<'_, Forest>>,
+        model_weight: f64,
+    ) -> PyResult<Vec<Proposal>> {
+        let imported = Arc::clone(&self.imported);
+        let cpu = target.get().cpu.clone();
+        let forest = model.map(|m| Arc::clone(&m.get().trees));
+        guarded(py, "Program.propose", move || {
+            let program = &imported.program;
+            let space = imported.space();
+            let seeds = parse_genomes(&seeds)?;
+            let ctx = SearchContext {
+                program,
+                space,
+                target: &cpu,
+                measured: &measured,
+            };
+            let scorer = HybridScorer::new(
+                program,
+                space,
+                &cpu,
+                forest.as_deref(),
+                model_weight,
+                seeds.first(),
+            );
+            let proposals = match strategy.as_str() {
+                "evolutionary" => {
+                    let mut config = EvolutionConfig::default();
+                    config.population = population.unwrap_or(config.population);
+                    config.generations = generations.unwrap_or(config.generations);
+                    evolve(&ctx, &scorer, &seeds, n, &config, seed)
+                }
+                "annealing" => {
+                    let mut config = AnnealingConfig::default();
+                    config.chains = population.unwrap_or(config.chains);
+                    config.steps = generations.unwrap_or(config.steps);
+                    anneal(&ctx, &scorer, &seeds, n, &config, seed)
+                }
+                other => {
+                    return Err(Error::Malformed(format!(
+                        "unknown search strategy `{other}` (\"evolutionary\" or \"annealing\")"
+                    )))
+                }
+            };
+            Ok(proposals
+                .into_iter()
+                .map(|p| (p.key, genome_json(&p.genome), p.score, p.role.as_str()))
+                .collect())
+        })
+    }
+
+    /// Genomes found on other shapes of the same operator, refitted to this program (warm
+    /// starts): `(key, genome JSON)` of each, or `None` where it does not carry over.
+    fn transfer_genomes(
+        &self,
+        py: Python<'_>,
+        genomes: Vec<String>,
+    ) -> PyResult<Vec<Option<(String, String)>>> {
+        let imported = Arc::clone(&self.imported);
+        guarded(py, "Program.transfer_genomes", move || {
+            let space = imported.space();
+            Ok(carry_over(&imported, &genomes, |g| {
+                sketch::transfer(&imported.program, space, g)
+            }))
+        })
+    }
+
+    /// Genomes found on `source` (the same anchor with other fused elementwise blocks) carried
+    /// over to this program, blocks matched by name; `None` where one does not carry over.
+    fn transfer_sibling_genomes(
+        &self,
+        py: Python<'_>,
+        source: &Bound<'_, Program>,
+        genomes: Vec<String>,
+    ) -> PyResult<Vec<Option<(String, String)>>> {
+        let imported = Arc::clone(&self.imported);
+        let source = Arc::clone(&source.get().imported);
+        guarded(py, "Program.transfer_sibling_genomes", move || {
+            let space = imported.space();
+            Ok(carry_over(&imported, &genomes, |g| {
+                sketch::transfer_from_sibling(&source.program, &imported.program, space, g)
+            }))
+        })
+    }
+
+    /// Replays a MetaSchedule trace (JSON) and returns the loop-nest JSON of the result. With
+    /// `postprocess`, the trace's instructions after `EnterPostproc` are skipped and the
+    /// engine's own CPU postprocessors run instead.
+    #[pyo3(signature = (trace_json, *, postprocess = false))]
+    fn apply_trace(
+        &self,
+        py: Python<'_>,
+        trace_json: String,
+        postprocess: bool,
+    ) -> PyResult<String> {
+        let imported = Arc::clone(&self.imported);
+        guarded(py, "Program.apply_trace", move || {
+            schedule::apply_trace_to(&imported.program, &trace_json, postprocess)
+        })
+    }
+
+    /// MetaSchedule's per-store features of each trace (postprocessing included), in parallel:
+    /// one `(n_stores, 164)` float32 array per trace. A trace that cannot be replayed fails the
+    /// batch.
+    fn extract_features<'py>(
+        &self,
+        py: Python<'py>,
+        trace_jsons: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
+        let imported = Arc::clone(&self.imported);
+        let each = guarded(py, "Program.extract_features", move || {
+            features::extract_all(&imported.program, &trace_jsons)
+        })?;
+        let n = features::N_FEATURES;
+        // Each Vec moves into its array: no copy.
+        each.into_iter()
+            .map(|data| {
+                let rows = data.len() / n;
+                PyArray1::from_vec(py, data).reshape([rows, n])
+            })
+            .collect()
+    }
+
+    /// Like `extract_features`, one candidate at a time: `None` for a trace that cannot be read
+    /// or replayed. With `postprocess`, the engine's CPU postprocessors run after the trace
+    /// (for traces without their postprocessing instructions).
+    #[pyo3(signature = (trace_jsons, *, postprocess = false))]
+    fn extract_features_each<'py>(
+        &self,
+        py: Python<'py>,
+        trace_jsons: Vec<String>,
+        postprocess: bool,
+    ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
+        let imported = Arc::clone(&self.imported);
+        let rows = guarded(py, "Program.extract_features_each", move || {
+            Ok(
+                features::extract_traces(&imported.program, &trace_jsons, postprocess)
+                    .into_iter()
+                    .map(Result::ok)
+                    .collect::<Vec<_>>(),
+            )
+        })?;
+        let n = features::N_FEATURES;
+        rows.into_iter()
+            .map(|r| {
+                r.map(|data| {
+                    let rows = data.len() / n;
+                    PyArray1::from_vec(py, data).reshape([rows, n])
+                })
+                .transpose()
+            })
+            .collect()
+    }
+}
