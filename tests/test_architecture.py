@@ -5,6 +5,7 @@ other in a cycle. Read from the source files, so a new module is checked as soon
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,46 @@ def test_no_import_cycle():
 
     for m in sorted(graph):
         visit(m, [])
+
+
+#: Longest function allowed, in lines, by language (issue 26's sizes).
+MAX_PYTHON_LINES = 100
+MAX_RUST_LINES = 150
+RUST_SOURCE = SOURCE.parent.parent / "rust"
+
+
+def test_no_python_function_is_too_long():
+    long = [
+        f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_PYTHON_LINES
+    ]
+    assert not long, f"functions over {MAX_PYTHON_LINES} lines: {long}"
+
+
+def _rust_functions(text: str) -> list[tuple[str, int]]:
+    """(name, lines) of each function in rustfmt-formatted source: from its `fn` line to the
+    closing brace at the same indentation."""
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)(?:pub(?:\([^)]*\))? )?(?:const )?fn (\w+)", line)
+        if not m or line.rstrip().endswith(";"):
+            continue
+        close = m.group(1) + "}"
+        end = next((j for j in range(i + 1, len(lines)) if lines[j] == close), i)
+        out.append((m.group(2), end - i + 1))
+    return out
+
+
+def test_no_rust_function_is_too_long():
+    long = [
+        f"{path.relative_to(RUST_SOURCE)}: {name} ({n} lines)"
+        for path in sorted(RUST_SOURCE.rglob("*.rs"))
+        for name, n in _rust_functions(path.read_text())
+        if n > MAX_RUST_LINES
+    ]
+    assert not long, f"functions over {MAX_RUST_LINES} lines: {long}"

@@ -257,7 +257,25 @@ pub fn analyze<'a>(
     cache_line: i64,
     touched: &mut Touched,
 ) -> StoreAccess {
-    // Step 0: the buffers and their access patterns.
+    let mut subs = buffer_accesses(store_buffer, store_indices, value, nest);
+    let for_touched_bytes = count_touched(&mut subs, nest, info, touched);
+    set_strides(&mut subs, nest, info);
+    set_reuse(&mut subs, nest, info, touched);
+    set_bytes_and_lines(&mut subs, nest, info, cache_line);
+    order_buffers(&mut subs, info);
+    StoreAccess {
+        subs,
+        for_touched_bytes,
+    }
+}
+
+/// Step 0: the store's buffers and their access patterns, the stored buffer first.
+fn buffer_accesses(
+    store_buffer: usize,
+    store_indices: &[Expr],
+    value: &Expr,
+    nest: &LoopNest,
+) -> Vec<Sub> {
     let mut subs: Vec<Sub> = Vec::new();
     let new_sub = |buffer, access, indices| Sub {
         buffer,
@@ -298,12 +316,21 @@ pub fn analyze<'a>(
             None => subs.push(new_sub(buffer, AccessType::Read, vec![idx.to_vec()])),
         }
     }
+    subs
+}
+
+/// Step 1: elements touched under each loop, binding loops from the inside out (outer loops
+/// sit at their minimum, 0); the bytes all buffers touch under each loop.
+fn count_touched<'a>(
+    subs: &mut [Sub],
+    nest: &LoopNest,
+    info: &impl Fn(usize) -> BufferInfo<'a>,
+    touched: &mut Touched,
+) -> Vec<i64> {
     let n = nest.loops.len();
-    // Step 1: elements touched under each loop, binding loops from the inside out (outer
-    // loops sit at their minimum, 0).
     let mut for_touched_bytes = vec![0i64; n];
     if n == 0 {
-        for s in &mut subs {
+        for s in subs.iter_mut() {
             s.access_shape = vec![1; info(s.buffer).shape.len()];
         }
     }
@@ -316,7 +343,7 @@ pub fn analyze<'a>(
             Some(&e) => (0, e - 1),
             None => (0, 0),
         };
-        for s in &mut subs {
+        for s in subs.iter_mut() {
             let ndim = s.indices.first().map(|x| x.len()).unwrap_or(0);
             let mut numel = 1i64;
             let mut shape = Vec::with_capacity(ndim);
@@ -348,8 +375,13 @@ pub fn analyze<'a>(
                 .push(numel);
         }
     }
-    // Step 2: strides.
-    for s in &mut subs {
+    for_touched_bytes
+}
+
+/// Step 2: the strides of the innermost loop each buffer's indices move with.
+fn set_strides<'a>(subs: &mut [Sub], nest: &LoopNest, info: &impl Fn(usize) -> BufferInfo<'a>) {
+    let n = nest.loops.len();
+    for s in subs.iter_mut() {
         let bi = info(s.buffer);
         let shape = bi.shape;
         let ndim = shape.len();
@@ -382,7 +414,16 @@ pub fn analyze<'a>(
             .iter()
             .fold(1i64, |p, l| p.saturating_mul(l.extent));
     }
-    // Step 3: reuse.
+}
+
+/// Step 3: reuse: across a loop the indices do not use, or serial accesses under one loop.
+fn set_reuse<'a>(
+    subs: &mut [Sub],
+    nest: &LoopNest,
+    info: &impl Fn(usize) -> BufferInfo<'a>,
+    touched: &Touched,
+) {
+    let n = nest.loops.len();
     let top_loop_touch_bytes: i64 = if n > 0 {
         subs.iter().map(|s| info(s.buffer).bytes).sum()
     } else {
@@ -403,7 +444,7 @@ pub fn analyze<'a>(
             })
             .unwrap_or(0.0)
     };
-    for s in &mut subs {
+    for s in subs.iter_mut() {
         let mut region_vars = Vec::new();
         for idx in &s.indices {
             idx.iter().for_each(|e| collect_vars(e, &mut region_vars));
@@ -438,8 +479,17 @@ pub fn analyze<'a>(
             }
         }
     }
-    // Step 4: bytes and cache lines.
-    for s in &mut subs {
+}
+
+/// Step 4: bytes and cache lines.
+fn set_bytes_and_lines<'a>(
+    subs: &mut [Sub],
+    nest: &LoopNest,
+    info: &impl Fn(usize) -> BufferInfo<'a>,
+    cache_line: i64,
+) {
+    let n = nest.loops.len();
+    for s in subs.iter_mut() {
         let dtype_bytes = info(s.buffer).bytes;
         s.bytes = (dtype_bytes as f64) * nest.prod as f64;
         if n == 0 {
@@ -454,9 +504,12 @@ pub fn analyze<'a>(
                 (s.unique_bytes / cache_line.min(s.num_continuous_bytes) as f64).max(1.0);
         }
     }
-    // Step 5: most lines first, then most bytes, then by name. TVM sorts the buffers in the
-    // iteration order of its hash map, which for a handful of buffers is the reverse of
-    // insertion, with a sort that is stable at that size: ties keep that order.
+}
+
+/// Step 5: most lines first, then most bytes, then by name. TVM sorts the buffers in the
+/// iteration order of its hash map, which for a handful of buffers is the reverse of
+/// insertion, with a sort that is stable at that size: ties keep that order.
+fn order_buffers<'a>(subs: &mut [Sub], info: &impl Fn(usize) -> BufferInfo<'a>) {
     subs.reverse();
     subs.sort_by(|a, b| {
         b.lines
@@ -469,10 +522,6 @@ pub fn analyze<'a>(
             )
             .then_with(|| info(a.buffer).name.cmp(info(b.buffer).name))
     });
-    StoreAccess {
-        subs,
-        for_touched_bytes,
-    }
 }
 
 impl StoreAccess {

@@ -250,6 +250,9 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
     DimRegion { outer, lo, hi }
 }
 
+/// Each store's indices and loads as sums, per store: (indices, [(buffer, indices)]).
+type AccessSums = (Vec<Vec<Sum>>, Vec<Vec<(usize, Vec<Sum>)>>);
+
 /// Lowers the scheduled state to what TVM's feature extractor visits.
 pub fn lower(st: &State) -> Result<Lowered> {
     let mut w = Walker {
@@ -267,28 +270,7 @@ pub fn lower(st: &State) -> Result<Lowered> {
         ..
     } = w;
     let canon = Canon { extents: &extents };
-    let norm = |e: &Expr| canon.sum(e).ok_or_else(|| unsupported_index(e));
-
-    // Every access site per buffer: (store, indices as sums).
-    let mut sums: Vec<Vec<Sum>> = Vec::with_capacity(raw.len());
-    let mut loads: Vec<Vec<(usize, Vec<Sum>)>> = Vec::with_capacity(raw.len());
-    for s in &raw {
-        sums.push(s.indices.iter().map(norm).collect::<Result<_>>()?);
-        let mut ls = Vec::new();
-        let mut err = None;
-        s.value.visit(&mut |x| {
-            if let Expr::Load { buffer, indices } = x {
-                match indices.iter().map(norm).collect::<Result<Vec<_>>>() {
-                    Ok(v) => ls.push((*buffer, v)),
-                    Err(e) => err = Some(e),
-                }
-            }
-        });
-        if let Some(e) = err {
-            return Err(e);
-        }
-        loads.push(ls);
-    }
+    let (sums, loads) = access_sums(&canon, &raw)?;
 
     let mut shapes: Vec<Vec<i64>> = st.buffers.iter().map(|b| b.shape.clone()).collect();
     // Per buffer: the offset subtracted from each dimension after compaction.
@@ -327,58 +309,115 @@ pub fn lower(st: &State) -> Result<Lowered> {
             depth = depth.min(p.iter().zip(first).take_while(|(a, b)| a == b).count());
         }
         let lca: Vec<usize> = first[..depth].to_vec();
+        let outer_vars: Vec<String> = lca.iter().map(|&l| loops[l].var.clone()).collect();
         allocs.push(LAlloc {
             buffer: buf,
-            loops: lca.clone(),
+            loops: lca,
         });
-        let outer_vars: Vec<String> = lca.iter().map(|&l| loops[l].var.clone()).collect();
-        let ndim = shapes[buf].len();
-        let mut region: Vec<Option<DimRegion>> = (0..ndim).map(|_| None).collect();
-        let mut compactable = vec![true; ndim];
-        for (_, idx) in &sites {
-            if idx.len() != ndim {
-                return Err(Error::Internal(format!(
-                    "buffer {} accessed with {} indices, has {} dimensions",
-                    st.buffers[buf].name,
-                    idx.len(),
-                    ndim
-                )));
-            }
-            for d in 0..ndim {
-                let r = dim_region(&canon, &idx[d], &outer_vars);
-                region[d] = Some(match region[d].take() {
-                    None => r,
-                    Some(prev) => {
-                        // Regions over the same outer part (up to a constant) unite.
-                        let diff = r.outer.add(&prev.outer, -1);
-                        let shift = if diff.is_constant() {
-                            diff.base
-                        } else {
-                            compactable[d] = false;
-                            0
-                        };
-                        DimRegion {
-                            outer: prev.outer,
-                            lo: prev.lo.min(r.lo + shift),
-                            hi: prev.hi.max(r.hi + shift),
-                        }
-                    }
-                });
-            }
-        }
-        let mut off = Vec::with_capacity(ndim);
-        for d in 0..ndim {
-            match &region[d] {
-                Some(r) if compactable[d] => {
-                    shapes[buf][d] = r.hi - r.lo + 1;
-                    off.push(r.outer.add(&Sum::constant(r.lo), 1));
-                }
-                _ => off.push(Sum::constant(0)),
-            }
-        }
+        let idx: Vec<&Vec<Sum>> = sites.iter().map(|(_, v)| *v).collect();
+        let off = compact(st, &canon, buf, &mut shapes[buf], &idx, &outer_vars)?;
         offsets.insert(buf, off);
     }
+    let stores = lowered_stores(&canon, raw, &sums, &loads, &offsets);
+    Ok(Lowered {
+        loops,
+        stores,
+        shapes,
+        allocs,
+    })
+}
 
+/// The indices of every store and load, as canonical sums.
+fn access_sums(canon: &Canon, raw: &[RawStore]) -> Result<AccessSums> {
+    let norm = |e: &Expr| canon.sum(e).ok_or_else(|| unsupported_index(e));
+    let mut sums: Vec<Vec<Sum>> = Vec::with_capacity(raw.len());
+    let mut loads: Vec<Vec<(usize, Vec<Sum>)>> = Vec::with_capacity(raw.len());
+    for s in raw {
+        sums.push(s.indices.iter().map(norm).collect::<Result<_>>()?);
+        let mut ls = Vec::new();
+        let mut err = None;
+        s.value.visit(&mut |x| {
+            if let Expr::Load { buffer, indices } = x {
+                match indices.iter().map(norm).collect::<Result<Vec<_>>>() {
+                    Ok(v) => ls.push((*buffer, v)),
+                    Err(e) => err = Some(e),
+                }
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        loads.push(ls);
+    }
+    Ok((sums, loads))
+}
+
+/// Compacts an allocated buffer as TVM's CompactBufferAllocation does: each dimension shrinks
+/// to the region its accesses (`sites`) touch below their lowest common loop, when the regions
+/// share their outer part up to a constant. Updates `shape`; returns each dimension's offset.
+fn compact(
+    st: &State,
+    canon: &Canon,
+    buf: usize,
+    shape: &mut [i64],
+    sites: &[&Vec<Sum>],
+    outer_vars: &[String],
+) -> Result<Vec<Sum>> {
+    let ndim = shape.len();
+    let mut region: Vec<Option<DimRegion>> = (0..ndim).map(|_| None).collect();
+    let mut compactable = vec![true; ndim];
+    for idx in sites {
+        if idx.len() != ndim {
+            return Err(Error::Internal(format!(
+                "buffer {} accessed with {} indices, has {} dimensions",
+                st.buffers[buf].name,
+                idx.len(),
+                ndim
+            )));
+        }
+        for d in 0..ndim {
+            let r = dim_region(canon, &idx[d], outer_vars);
+            region[d] = Some(match region[d].take() {
+                None => r,
+                Some(prev) => {
+                    // Regions over the same outer part (up to a constant) unite.
+                    let diff = r.outer.add(&prev.outer, -1);
+                    let shift = if diff.is_constant() {
+                        diff.base
+                    } else {
+                        compactable[d] = false;
+                        0
+                    };
+                    DimRegion {
+                        outer: prev.outer,
+                        lo: prev.lo.min(r.lo + shift),
+                        hi: prev.hi.max(r.hi + shift),
+                    }
+                }
+            });
+        }
+    }
+    let mut off = Vec::with_capacity(ndim);
+    for d in 0..ndim {
+        match &region[d] {
+            Some(r) if compactable[d] => {
+                shape[d] = r.hi - r.lo + 1;
+                off.push(r.outer.add(&Sum::constant(r.lo), 1));
+            }
+            _ => off.push(Sum::constant(0)),
+        }
+    }
+    Ok(off)
+}
+
+/// The stores with their indices and loads shifted into the compacted buffers.
+fn lowered_stores(
+    canon: &Canon,
+    raw: Vec<RawStore>,
+    sums: &[Vec<Sum>],
+    loads: &[Vec<(usize, Vec<Sum>)>],
+    offsets: &HashMap<usize, Vec<Sum>>,
+) -> Vec<LStore> {
     let shift = |buf: usize, idx: &[Sum]| -> Vec<Expr> {
         match offsets.get(&buf) {
             Some(off) => idx
@@ -400,7 +439,7 @@ pub fn lower(st: &State) -> Result<Lowered> {
             k += 1;
             out
         });
-        let value = normalize_int_operands(&canon, &value);
+        let value = normalize_int_operands(canon, &value);
         stores.push(LStore {
             buffer: s.buffer,
             indices: shift(s.buffer, &sums[i]),
@@ -410,12 +449,7 @@ pub fn lower(st: &State) -> Result<Lowered> {
         });
         let _ = s.block;
     }
-    Ok(Lowered {
-        loops,
-        stores,
-        shapes,
-        allocs,
-    })
+    stores
 }
 
 /// Rebuilds `e` with each load's indices (in visit order) replaced by `f(buffer)` where it
@@ -492,94 +526,7 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
     match e {
         Expr::Bin(op, a, b) if op.is_comparison() && is_int_arith(a) && is_int_arith(b) => {
             if let (Some(x), Some(y)) = (canon.sum(a), canon.sum(b)) {
-                // The simplifier drops conditions the loop ranges decide.
-                let (lo, hi) = canon.bounds(&x.add(&y, -1));
-                let decided = match op {
-                    BinOp::Lt => (hi < 0).then_some(true).or((lo >= 0).then_some(false)),
-                    BinOp::Le => (hi <= 0).then_some(true).or((lo > 0).then_some(false)),
-                    BinOp::Gt => (lo > 0).then_some(true).or((hi <= 0).then_some(false)),
-                    BinOp::Ge => (lo >= 0).then_some(true).or((hi < 0).then_some(false)),
-                    BinOp::Eq => (lo == 0 && hi == 0)
-                        .then_some(true)
-                        .or((lo > 0 || hi < 0).then_some(false)),
-                    BinOp::Ne => (lo > 0 || hi < 0)
-                        .then_some(true)
-                        .or((lo == 0 && hi == 0).then_some(false)),
-                    _ => None,
-                };
-                if let Some(d) = decided {
-                    return Expr::Bool(d);
-                }
-                // `c <= g * x` and `g * x < c` (g the gcd of the scales) read
-                // `(c - 1) // g < x` and `x < (c - 1) // g + 1`.
-                let factor = |s: &Sum| -> Option<(i64, Sum)> {
-                    let g = s
-                        .terms
-                        .iter()
-                        .fold(0, |g, t| super::index::gcd(g, t.scale.abs()));
-                    (g > 1 && s.base == 0 && !s.terms.is_empty()).then(|| {
-                        let mut q = s.clone();
-                        q.terms.iter_mut().for_each(|t| t.scale /= g);
-                        (g, q)
-                    })
-                };
-                match op {
-                    BinOp::Le if x.is_constant() => {
-                        if let Some((g, q)) = factor(&y) {
-                            return Expr::Bin(
-                                BinOp::Lt,
-                                Box::new(Expr::Int((x.base - 1).div_euclid(g))),
-                                Box::new(q.to_expr()),
-                            );
-                        }
-                    }
-                    BinOp::Lt if y.is_constant() => {
-                        if let Some((g, q)) = factor(&x) {
-                            return Expr::Bin(
-                                BinOp::Lt,
-                                Box::new(q.to_expr()),
-                                Box::new(Expr::Int((y.base - 1).div_euclid(g) + 1)),
-                            );
-                        }
-                    }
-                    _ => {}
-                }
-                // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
-                let div_of = |s: &Sum| match s.terms.as_slice() {
-                    [t] if s.base == 0 && t.scale == 1 && t.upper.is_none() && t.lower > 1 => {
-                        Some(Sum {
-                            terms: vec![super::index::Split {
-                                lower: 1,
-                                ..t.clone()
-                            }],
-                            base: 0,
-                        })
-                        .zip(Some(t.lower))
-                    }
-                    _ => None,
-                };
-                match op {
-                    BinOp::Le if x.is_constant() => {
-                        if let Some((inner, k)) = div_of(&y) {
-                            return Expr::Bin(
-                                *op,
-                                Box::new(Expr::Int(x.base * k)),
-                                Box::new(inner.to_expr()),
-                            );
-                        }
-                    }
-                    BinOp::Lt if y.is_constant() => {
-                        if let Some((inner, k)) = div_of(&x) {
-                            return Expr::Bin(
-                                *op,
-                                Box::new(inner.to_expr()),
-                                Box::new(Expr::Int(y.base * k)),
-                            );
-                        }
-                    }
-                    _ => {}
-                }
-                return Expr::Bin(*op, Box::new(x.to_expr()), Box::new(y.to_expr()));
+                return normalize_comparison(canon, op, x, y);
             }
             e.clone()
         }
@@ -588,17 +535,7 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
                 normalize_int_operands(canon, a),
                 normalize_int_operands(canon, b),
             );
-            match (op, &a, &b) {
-                (BinOp::And, Expr::Bool(true), _) | (BinOp::Or, Expr::Bool(false), _) => b,
-                (BinOp::And, _, Expr::Bool(true)) | (BinOp::Or, _, Expr::Bool(false)) => a,
-                (BinOp::And, Expr::Bool(false), _) | (BinOp::And, _, Expr::Bool(false)) => {
-                    Expr::Bool(false)
-                }
-                (BinOp::Or, Expr::Bool(true), _) | (BinOp::Or, _, Expr::Bool(true)) => {
-                    Expr::Bool(true)
-                }
-                _ => Expr::Bin(*op, Box::new(a), Box::new(b)),
-            }
+            and_or(*op, a, b)
         }
         Expr::Bin(op, a, b) => Expr::Bin(
             *op,
@@ -621,33 +558,8 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
                 .map(|a| normalize_int_operands(canon, a))
                 .collect();
             if name == "tirx.if_then_else" && args.len() == 3 {
-                match args[0] {
-                    Expr::Bool(true) => return args[1].clone(),
-                    Expr::Bool(false) => return args[2].clone(),
-                    _ => {}
-                }
-                // if_then_else(a, if_then_else(b, x, y), y) is if_then_else(a and b, x, y).
-                if let Expr::Call {
-                    name: inner,
-                    args: inner_args,
-                    ..
-                } = &args[1]
-                {
-                    if inner == name && inner_args.len() == 3 && inner_args[2] == args[2] {
-                        return Expr::Call {
-                            name: name.clone(),
-                            dtype: dtype.clone(),
-                            args: vec![
-                                Expr::Bin(
-                                    BinOp::And,
-                                    Box::new(args[0].clone()),
-                                    Box::new(inner_args[0].clone()),
-                                ),
-                                inner_args[1].clone(),
-                                args[2].clone(),
-                            ],
-                        };
-                    }
+                if let Some(folded) = fold_if_then_else(name, dtype, &args) {
+                    return folded;
                 }
             }
             Expr::Call {
@@ -658,6 +570,143 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
         }
         _ => e.clone(),
     }
+}
+
+/// An integer comparison with both sides as canonical sums, as TVM's simplifier leaves it: decided
+/// by the loop ranges where they decide it, scaled and divided sides rewritten.
+fn normalize_comparison(canon: &Canon, op: &BinOp, x: Sum, y: Sum) -> Expr {
+    // The simplifier drops conditions the loop ranges decide.
+    let (lo, hi) = canon.bounds(&x.add(&y, -1));
+    let decided = match op {
+        BinOp::Lt => (hi < 0).then_some(true).or((lo >= 0).then_some(false)),
+        BinOp::Le => (hi <= 0).then_some(true).or((lo > 0).then_some(false)),
+        BinOp::Gt => (lo > 0).then_some(true).or((hi <= 0).then_some(false)),
+        BinOp::Ge => (lo >= 0).then_some(true).or((hi < 0).then_some(false)),
+        BinOp::Eq => (lo == 0 && hi == 0)
+            .then_some(true)
+            .or((lo > 0 || hi < 0).then_some(false)),
+        BinOp::Ne => (lo > 0 || hi < 0)
+            .then_some(true)
+            .or((lo == 0 && hi == 0).then_some(false)),
+        _ => None,
+    };
+    if let Some(d) = decided {
+        return Expr::Bool(d);
+    }
+    // `c <= g * x` and `g * x < c` (g the gcd of the scales) read
+    // `(c - 1) // g < x` and `x < (c - 1) // g + 1`.
+    let factor = |s: &Sum| -> Option<(i64, Sum)> {
+        let g = s
+            .terms
+            .iter()
+            .fold(0, |g, t| super::index::gcd(g, t.scale.abs()));
+        (g > 1 && s.base == 0 && !s.terms.is_empty()).then(|| {
+            let mut q = s.clone();
+            q.terms.iter_mut().for_each(|t| t.scale /= g);
+            (g, q)
+        })
+    };
+    match op {
+        BinOp::Le if x.is_constant() => {
+            if let Some((g, q)) = factor(&y) {
+                return Expr::Bin(
+                    BinOp::Lt,
+                    Box::new(Expr::Int((x.base - 1).div_euclid(g))),
+                    Box::new(q.to_expr()),
+                );
+            }
+        }
+        BinOp::Lt if y.is_constant() => {
+            if let Some((g, q)) = factor(&x) {
+                return Expr::Bin(
+                    BinOp::Lt,
+                    Box::new(q.to_expr()),
+                    Box::new(Expr::Int((y.base - 1).div_euclid(g) + 1)),
+                );
+            }
+        }
+        _ => {}
+    }
+    // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
+    let div_of = |s: &Sum| match s.terms.as_slice() {
+        [t] if s.base == 0 && t.scale == 1 && t.upper.is_none() && t.lower > 1 => Some(Sum {
+            terms: vec![super::index::Split {
+                lower: 1,
+                ..t.clone()
+            }],
+            base: 0,
+        })
+        .zip(Some(t.lower)),
+        _ => None,
+    };
+    match op {
+        BinOp::Le if x.is_constant() => {
+            if let Some((inner, k)) = div_of(&y) {
+                return Expr::Bin(
+                    *op,
+                    Box::new(Expr::Int(x.base * k)),
+                    Box::new(inner.to_expr()),
+                );
+            }
+        }
+        BinOp::Lt if y.is_constant() => {
+            if let Some((inner, k)) = div_of(&x) {
+                return Expr::Bin(
+                    *op,
+                    Box::new(inner.to_expr()),
+                    Box::new(Expr::Int(y.base * k)),
+                );
+            }
+        }
+        _ => {}
+    }
+    Expr::Bin(*op, Box::new(x.to_expr()), Box::new(y.to_expr()))
+}
+
+/// `a op b` for `And` or `Or`, literal operands folded.
+fn and_or(op: BinOp, a: Expr, b: Expr) -> Expr {
+    match (op, &a, &b) {
+        (BinOp::And, Expr::Bool(true), _) | (BinOp::Or, Expr::Bool(false), _) => b,
+        (BinOp::And, _, Expr::Bool(true)) | (BinOp::Or, _, Expr::Bool(false)) => a,
+        (BinOp::And, Expr::Bool(false), _) | (BinOp::And, _, Expr::Bool(false)) => {
+            Expr::Bool(false)
+        }
+        (BinOp::Or, Expr::Bool(true), _) | (BinOp::Or, _, Expr::Bool(true)) => Expr::Bool(true),
+        _ => Expr::Bin(op, Box::new(a), Box::new(b)),
+    }
+}
+
+/// `if_then_else` with a literal condition, or nested on the same else value, simplified.
+fn fold_if_then_else(name: &str, dtype: &str, args: &[Expr]) -> Option<Expr> {
+    match args[0] {
+        Expr::Bool(true) => return Some(args[1].clone()),
+        Expr::Bool(false) => return Some(args[2].clone()),
+        _ => {}
+    }
+    // if_then_else(a, if_then_else(b, x, y), y) is if_then_else(a and b, x, y).
+    if let Expr::Call {
+        name: inner,
+        args: inner_args,
+        ..
+    } = &args[1]
+    {
+        if inner == name && inner_args.len() == 3 && inner_args[2] == args[2] {
+            return Some(Expr::Call {
+                name: name.to_string(),
+                dtype: dtype.to_owned(),
+                args: vec![
+                    Expr::Bin(
+                        BinOp::And,
+                        Box::new(args[0].clone()),
+                        Box::new(inner_args[0].clone()),
+                    ),
+                    inner_args[1].clone(),
+                    args[2].clone(),
+                ],
+            });
+        }
+    }
+    None
 }
 
 /// Infix text of an expression, loads as `buffer[i, j]` (for inspecting the lowered form).

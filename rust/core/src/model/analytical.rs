@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::program::{Expr, IterKind, OpCounts, Program};
+use crate::program::{Block, Expr, IterKind, OpCounts, Program};
 use crate::sketch::{
     linear_in_iter_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES,
 };
@@ -388,6 +388,28 @@ pub struct BlockEstimate {
     pub llvm_unrolled_steps: f64,
 }
 
+/// What every estimate of one block needs: the block, its arithmetic and the target's rates.
+struct BlockContext<'a> {
+    program: &'a Program,
+    space: &'a SketchSpace,
+    genome: &'a Genome,
+    block: usize,
+    b: &'a Block,
+    ops: OpCounts,
+    iterations: f64,
+    flops: f64,
+    lanes: f64,
+    reads: Vec<(BTreeSet<usize>, f64)>,
+    /// The iteration variable along which the output is contiguous (its last index).
+    contiguous_var: Option<usize>,
+    cores: f64,
+    /// Dependent FMA chains needed to hide the FMA latency.
+    fma_chains: f64,
+    /// Two FLOPs per lane of every FMA issued; relative to two FMAs a cycle, as the model was
+    /// calibrated (its memory terms are in the same cycles).
+    flops_per_cycle: f64,
+}
+
 /// Estimates one block under its rule.
 pub fn estimate_block(
     program: &Program,
@@ -399,9 +421,7 @@ pub fn estimate_block(
     let b = &program.blocks[block];
     let ops = OpCounts::of_block(program, b);
     let iterations: f64 = b.iter_vars.iter().map(|v| v.extent as f64).product();
-    let flops = iterations * (ops.float_ops().max(1) as f64);
     let lanes = (target.vector_bytes / 4).max(1) as f64;
-    let reads = read_vars(program, block);
     // The output's last index names the axis along which stores are contiguous.
     let contiguous_var = b
         .body
@@ -411,283 +431,362 @@ pub fn estimate_block(
             Expr::Var(n) => b.iter_vars.iter().position(|v| v.name == *n),
             _ => None,
         });
+    let cx = BlockContext {
+        program,
+        space,
+        genome,
+        block,
+        b,
+        flops: iterations * (ops.float_ops().max(1) as f64),
+        ops,
+        iterations,
+        lanes,
+        reads: read_vars(program, block),
+        contiguous_var,
+        cores: target.num_cores as f64,
+        fma_chains: FMA_LATENCY * target.fma_per_cycle,
+        flops_per_cycle: lanes * target.fma_per_cycle,
+    };
     let mut unroll_bonus = match UNROLL_CANDIDATES.get(genome.unroll) {
         Some(0) | None => 1.0,
         Some(u) if *u <= 64 => 0.9,
         _ => 0.95,
     };
-    let cores = target.num_cores as f64;
-    let fma_chains = FMA_LATENCY * target.fma_per_cycle;
-    // Two FLOPs per lane of every FMA issued; relative to two FMAs a cycle, as the model was
-    // calibrated (its memory terms are in the same cycles).
-    let flops_per_cycle = lanes * target.fma_per_cycle;
     let mut e = BlockEstimate {
-        flops,
+        flops: cx.flops,
         ..Default::default()
     };
     match (genome.rules.get(&block), genome.tiles.get(&block)) {
         (Some(Rule::Tile { cache, .. }), Some(tiles)) => {
-            // SSRSRS: S0 S1 R0 S2 R1 S3, each level holding one loop per axis of its kind.
-            let levels = tile_levels(program, block, tiles);
-            // Report levels as S0 S1 S2 S3 R0 R1.
-            for (i, slot) in [0, 1, 3, 5, 2, 4].iter().enumerate() {
-                e.level_extents[i] = levels[*slot].iter().map(|l| l.extent).product();
+            if estimate_tiled(&cx, &mut e, cache, tiles, target) {
+                // The unrolled body is the point of LLVM's vector path, whatever the unroll depth.
+                unroll_bonus = 0.9;
             }
-            let nest: Vec<LoopDim> = levels.concat();
-            let n_outer2 = levels[0].len() + levels[1].len();
-            let n_outer1 = n_outer2 + levels[2].len();
-            (e.l2_footprint, e.l2_moved) = traffic(&reads, &nest[..n_outer2], &nest[n_outer2..]);
-            (e.l1_footprint, e.l1_moved) = traffic(&reads, &nest[..n_outer1], &nest[n_outer1..]);
-            let out_bytes = program.buffers[b.writes[0].buffer].element_bytes() as f64;
-            // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
-            e.accumulators = levels[5].iter().map(|l| l.extent).product();
-            // Accumulators share the registers with the operands in flight; beyond what is
-            // left for them, spills add a store and a load to every FMA that touches one.
-            let spill = (e.accumulators / lanes / (VECTOR_REGISTERS - OPERAND_REGISTERS))
-                .max(1.0)
-                .powi(2);
-            let parallel_prefix = shallowest_guest(genome, block).map_or(nest.len(), |d| d + 1);
-            e.parallel_efficiency = parallel_efficiency(
-                &nest[..parallel_prefix.min(nest.len())],
-                genome.parallel,
-                target.num_cores,
-            );
-            let inner = nest.last();
-            e.inner_extent = inner.map_or(1.0, |l| l.extent);
-            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
-            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
-            // Conditional producers (the sketch space's optional inlines) inlined into this block.
-            let inlined_selects = b
-                .reads
-                .iter()
-                .filter(|r| {
-                    space.optional_inline.iter().any(|p| {
-                        genome.rules.get(p) == Some(&Rule::Inline)
-                            && space.info(*p).conditional
-                            && space.info(*p).writes.contains(&r.buffer)
-                    })
-                })
-                .count();
-            // Each accumulator vector is a chain of dependent FMAs, R1 long per iteration of
-            // S2. Out-of-order execution overlaps the next S2 iterations' chains (other
-            // accumulators) as far as its window reaches; fewer chains in flight than FMA
-            // latency times issue width leave the FMA units waiting.
-            let vectors = (e.accumulators / lanes).max(1.0);
-            let r1: f64 = levels[4].iter().map(|l| l.extent).product();
-            let s2: f64 = levels[3].iter().map(|l| l.extent).product();
-            let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
-            let chains = vectors * overlap;
-            let latency_bound = (fma_chains / chains).max(1.0);
-            // Every step of R1 loads the register tile's operands: a vector per `lanes`
-            // elements along the vectorized loop, a broadcast per element otherwise. With as
-            // many load ports as FMA units, more loads than accumulator vectors wait on loads.
-            // A read strided along the vectorized loop (a transpose inlined into it) is
-            // gathered: a load per element. On TBG the analytical model ranked kernels with
-            // the operand gathered 32 wide first, at twice the time of 16-wide ones.
-            let vector_var = levels[5].last().map(|l| l.var);
-            let loaded_reads = memory_reads(program, genome, block);
-            let loads: f64 = reads
-                .iter()
-                .zip(&loaded_reads)
-                .map(|((vars, _), loaded)| {
-                    let elems: f64 = levels[5]
-                        .iter()
-                        .filter(|l| vars.contains(&l.var))
-                        .map(|l| l.extent)
-                        .product();
-                    match vector_var {
-                        Some(v)
-                            if vars.contains(&v)
-                                && loaded
-                                    .iter()
-                                    .all(|ix| contiguous_along(program, block, ix, v)) =>
-                        {
-                            (elems / lanes).ceil()
-                        }
-                        _ => elems,
-                    }
-                })
-                .sum();
-            let load_bound = (loads / vectors).max(1.0);
-            e.compute_cycles = flops / (flops_per_cycle * e.vector_efficiency)
-                * spill
-                * latency_bound.max(load_bound)
-                * INLINED_SELECT_COST.powi(inlined_selects as i32);
-            // TVM vectorizes nothing when the contiguous axis has no S3 extent; what LLVM makes
-            // of the unrolled inner nest can then be far faster than the scalar loop. Not with
-            // padding inlined: its conditional loads keep LLVM from vectorizing (a depthwise
-            // kernel at 70 us with its padding computed under the channel loop ran at 324 us
-            // with the padding inlined).
-            let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
-            let tvm_vectorizes =
-                inner.is_some_and(|l| l.spatial && l.extent > 1.0) || inlined_selects > 0;
-            let parallel_loops =
-                parallel_loop_count(&nest[..parallel_prefix.min(nest.len())], genome.parallel);
-            if let Some((at, steps)) = (!tvm_vectorizes)
-                .then(|| llvm_vector_loop(&nest, unroll, contiguous_var, parallel_loops))
-                .flatten()
-                .filter(|(at, _)| {
-                    reads_contiguous_along(program, block, &loaded_reads, nest[*at].var)
-                })
-            {
-                let l = nest[at];
-                let body = &nest[at + 1..];
-                let points: f64 = body
-                    .iter()
-                    .filter(|d| d.spatial)
-                    .map(|d| d.extent)
-                    .product();
-                let fmas: f64 = body.iter().map(|d| d.extent).product();
-                let eff = l.extent / (lanes * (l.extent / lanes).ceil());
-                // One vector load (or broadcast) per element of each read the body touches,
-                // and each accumulator loaded and stored again around the body: the body is
-                // one step of L, so partial sums live in memory between its iterations. LLVM
-                // interleaves up to 4 vectors of L while registers last, and a broadcast (a
-                // read that does not walk L) then serves all of them.
-                let interleave = (l.extent / lanes)
-                    .ceil()
-                    .min(4.0)
-                    .min(((VECTOR_REGISTERS - OPERAND_REGISTERS) / points).floor())
-                    .max(1.0);
-                let loads: f64 = reads
-                    .iter()
-                    .map(|(vars, _)| {
-                        let elems: f64 = body
-                            .iter()
-                            .filter(|d| vars.contains(&d.var))
-                            .map(|d| d.extent)
-                            .product();
-                        if vars.contains(&l.var) {
-                            elems
-                        } else {
-                            elems / interleave
-                        }
-                    })
-                    .sum::<f64>()
-                    + 2.0 * points;
-                let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
-                let latency = (fma_chains / (points * overlap)).max(1.0);
-                let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
-                    .max(1.0)
-                    .powi(2);
-                let cycles = flops / (flops_per_cycle * eff)
-                    * spill
-                    * latency.max((loads / fmas).max(1.0))
-                    * INLINED_SELECT_COST.powi(inlined_selects as i32);
-                if cycles < e.compute_cycles {
-                    e.compute_cycles = cycles;
-                    e.vector_efficiency = eff;
-                    e.accumulators = points * lanes;
-                    e.inner_extent = l.extent;
-                    e.inner_contiguous = true;
-                    e.llvm_unrolled_steps = steps;
-                    // The unrolled body is the point of this path, whatever the unroll depth.
-                    unroll_bonus = 0.9;
-                }
-            }
-            let l1_bw = if e.l2_footprint <= L1_BYTES {
-                L1_BW
-            } else {
-                L2_BW
-            };
-            let outer_bw = if e.l2_footprint <= L2_BYTES {
-                L2_BW
-            } else {
-                MEM_BW
-            };
-            e.memory_cycles = e.l1_moved / l1_bw + e.l2_moved / outer_bw;
-            // Results written back: through a cache stage once per tile, else on every reduction step.
-            let spatial_points: f64 = b
-                .iter_vars
-                .iter()
-                .filter(|v| v.kind == IterKind::Spatial)
-                .map(|v| v.extent as f64)
-                .product();
-            e.memory_cycles += match cache {
-                WriteCache::None => spatial_points * out_bytes * e.level_extents[4] / L1_BW,
-                _ => spatial_points * out_bytes / L2_BW,
-            };
         }
         (Some(Rule::Inline), _) => return e,
         (Some(Rule::ComputeAt { host, depth }), _)
             if matches!(genome.rules.get(host), Some(Rule::Tile { .. })) =>
         {
-            // Computed under a tiled consumer: once per iteration of the loops above it, for
-            // the region the loops inside read, while that region is in cache.
-            let host_tiles = genome.tiles.get(host).map(Vec::as_slice).unwrap_or(&[]);
-            let levels = tile_levels(program, *host, host_tiles);
-            let nest: Vec<LoopDim> = levels.concat();
-            let elements = elements_under_tiles(program, block, *host, &nest, *depth)
-                .unwrap_or(iterations)
-                .max(iterations);
-            let ops = ops.float_ops().max(1) as f64;
-            e.flops = elements * ops;
-            let above = (*depth + 1).min(nest.len());
-            e.parallel_efficiency =
-                parallel_efficiency(&nest[..above], genome.parallel, target.num_cores);
-            e.vector_efficiency = 1.0;
-            e.inner_extent = nest.last().map_or(1.0, |l| l.extent);
-            e.compute_cycles = elements * ops / lanes;
-            e.memory_cycles = reads.iter().map(|(_, by)| elements * by).sum::<f64>() / L1_BW
-                + elements * 4.0 / L1_BW;
-            e.level_extents = [elements, 1.0, 1.0, 1.0, 1.0, 1.0];
+            estimate_computed_at(&cx, &mut e, *host, *depth, target)
         }
-        (rule, _) => {
-            let nest: Vec<LoopDim> = b
-                .iter_vars
-                .iter()
-                .enumerate()
-                .map(|(var, iv)| LoopDim {
-                    var,
-                    extent: iv.extent as f64,
-                    spatial: iv.kind == IterKind::Spatial,
-                })
-                .collect();
-            e.parallel_efficiency = parallel_efficiency(&nest, genome.parallel, target.num_cores);
-            if let Some(Rule::RFactor { .. }) = rule {
-                // rfactor turns part of the reduction into a parallel spatial axis.
-                e.parallel_efficiency = e.parallel_efficiency.max(0.9);
-            }
-            if let Some(Rule::ComputeAt { .. }) = rule {
-                // Computed inside its consumer: parallel with it, and its result stays in cache.
-                e.parallel_efficiency = e.parallel_efficiency.max(0.8);
-            }
-            let inner = nest.last();
-            e.inner_extent = inner.map_or(1.0, |l| l.extent);
-            e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
-            e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
-            e.compute_cycles = flops / (flops_per_cycle * e.vector_efficiency);
-            e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
-            e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
-            if matches!(rule, Some(Rule::Root)) && space.optional_inline.contains(&block) {
-                // Padding as a pass of its own: nothing to overlap it with, so it streams
-                // its input and the padded copy (written, then read back by the consumer)
-                // at the bandwidth of the level they fit in.
-                let written: f64 = b
-                    .writes
-                    .iter()
-                    .map(|w| {
-                        let buf = &program.buffers[w.buffer];
-                        buf.shape.iter().product::<i64>() as f64 * buf.element_bytes() as f64
-                    })
-                    .sum();
-                let read: f64 = reads.iter().map(|(_, by)| iterations * by).sum();
-                let bw = if written + read <= L2_BYTES * cores {
-                    L2_BW
-                } else {
-                    MEM_BW
-                };
-                e.memory_cycles = (read + 2.0 * written) / bw / MEMORY_WEIGHT;
-            }
-        }
+        (rule, _) => estimate_untiled(&cx, &mut e, rule, target),
     }
     // Prefetching and out-of-order execution hide most of the traffic the reuse model counts:
     // weighting it by MEMORY_WEIGHT ranks measured CPU kernels best (see BENCHMARKS.md).
     let memory = MEMORY_WEIGHT * e.memory_cycles;
     let (hi, lo) = (e.compute_cycles.max(memory), e.compute_cycles.min(memory));
     e.cycles =
-        (hi + 0.1 * lo) / target.speedup(e.parallel_efficiency.max(1e-3) * cores) * unroll_bonus;
+        (hi + 0.1 * lo) / target.speedup(e.parallel_efficiency.max(1e-3) * cx.cores) * unroll_bonus;
     e
+}
+
+/// A block tiled SSRSRS: traffic at each cache level, the register tile's compute (FMA
+/// latency, loads, spills) and, where TVM vectorizes nothing, LLVM's own vector path. True when
+/// that path was taken.
+fn estimate_tiled(
+    cx: &BlockContext,
+    e: &mut BlockEstimate,
+    cache: &WriteCache,
+    tiles: &[Vec<i64>],
+    target: &CpuTarget,
+) -> bool {
+    let (program, genome, block, b) = (cx.program, cx.genome, cx.block, cx.b);
+    // SSRSRS: S0 S1 R0 S2 R1 S3, each level holding one loop per axis of its kind.
+    let levels = tile_levels(program, block, tiles);
+    // Report levels as S0 S1 S2 S3 R0 R1.
+    for (i, slot) in [0, 1, 3, 5, 2, 4].iter().enumerate() {
+        e.level_extents[i] = levels[*slot].iter().map(|l| l.extent).product();
+    }
+    let nest: Vec<LoopDim> = levels.concat();
+    let n_outer2 = levels[0].len() + levels[1].len();
+    let n_outer1 = n_outer2 + levels[2].len();
+    (e.l2_footprint, e.l2_moved) = traffic(&cx.reads, &nest[..n_outer2], &nest[n_outer2..]);
+    (e.l1_footprint, e.l1_moved) = traffic(&cx.reads, &nest[..n_outer1], &nest[n_outer1..]);
+    let out_bytes = program.buffers[b.writes[0].buffer].element_bytes() as f64;
+    let parallel_prefix = shallowest_guest(genome, block).map_or(nest.len(), |d| d + 1);
+    e.parallel_efficiency = parallel_efficiency(
+        &nest[..parallel_prefix.min(nest.len())],
+        genome.parallel,
+        target.num_cores,
+    );
+    let inner = nest.last();
+    e.inner_extent = inner.map_or(1.0, |l| l.extent);
+    e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == cx.contiguous_var);
+    e.vector_efficiency = vector_efficiency(inner, cx.contiguous_var, genome.vectorize, cx.lanes);
+    let inlined_selects = inlined_selects(cx);
+    let loaded_reads = memory_reads(program, genome, block);
+    e.compute_cycles = register_tile_cycles(cx, e, &levels, &loaded_reads, inlined_selects);
+    // TVM vectorizes nothing when the contiguous axis has no S3 extent; what LLVM makes
+    // of the unrolled inner nest can then be far faster than the scalar loop. Not with
+    // padding inlined: its conditional loads keep LLVM from vectorizing (a depthwise
+    // kernel at 70 us with its padding computed under the channel loop ran at 324 us
+    // with the padding inlined).
+    let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
+    let tvm_vectorizes = inner.is_some_and(|l| l.spatial && l.extent > 1.0) || inlined_selects > 0;
+    let parallel_loops =
+        parallel_loop_count(&nest[..parallel_prefix.min(nest.len())], genome.parallel);
+    let mut llvm_path = false;
+    if let Some((at, steps)) = (!tvm_vectorizes)
+        .then(|| llvm_vector_loop(&nest, unroll, cx.contiguous_var, parallel_loops))
+        .flatten()
+        .filter(|(at, _)| reads_contiguous_along(program, block, &loaded_reads, nest[*at].var))
+    {
+        let (cycles, eff, points) = llvm_vector_cycles(cx, &nest, at, inlined_selects);
+        if cycles < e.compute_cycles {
+            e.compute_cycles = cycles;
+            e.vector_efficiency = eff;
+            e.accumulators = points * cx.lanes;
+            e.inner_extent = nest[at].extent;
+            e.inner_contiguous = true;
+            e.llvm_unrolled_steps = steps;
+            llvm_path = true;
+        }
+    }
+    let l1_bw = if e.l2_footprint <= L1_BYTES {
+        L1_BW
+    } else {
+        L2_BW
+    };
+    let outer_bw = if e.l2_footprint <= L2_BYTES {
+        L2_BW
+    } else {
+        MEM_BW
+    };
+    e.memory_cycles = e.l1_moved / l1_bw + e.l2_moved / outer_bw;
+    // Results written back: through a cache stage once per tile, else on every reduction step.
+    let spatial_points: f64 = b
+        .iter_vars
+        .iter()
+        .filter(|v| v.kind == IterKind::Spatial)
+        .map(|v| v.extent as f64)
+        .product();
+    e.memory_cycles += match cache {
+        WriteCache::None => spatial_points * out_bytes * e.level_extents[4] / L1_BW,
+        _ => spatial_points * out_bytes / L2_BW,
+    };
+    llvm_path
+}
+
+/// Conditional producers (the sketch space's optional inlines) inlined into the block.
+fn inlined_selects(cx: &BlockContext) -> usize {
+    cx.b.reads
+        .iter()
+        .filter(|r| {
+            cx.space.optional_inline.iter().any(|p| {
+                cx.genome.rules.get(p) == Some(&Rule::Inline)
+                    && cx.space.info(*p).conditional
+                    && cx.space.info(*p).writes.contains(&r.buffer)
+            })
+        })
+        .count()
+}
+
+/// Compute cycles of the register tile (S3, under R1); sets `e.accumulators`.
+fn register_tile_cycles(
+    cx: &BlockContext,
+    e: &mut BlockEstimate,
+    levels: &[Vec<LoopDim>],
+    loaded_reads: &[Vec<Vec<Expr>>],
+    inlined_selects: usize,
+) -> f64 {
+    let lanes = cx.lanes;
+    // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
+    e.accumulators = levels[5].iter().map(|l| l.extent).product();
+    // Accumulators share the registers with the operands in flight; beyond what is
+    // left for them, spills add a store and a load to every FMA that touches one.
+    let spill = (e.accumulators / lanes / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+        .max(1.0)
+        .powi(2);
+    // Each accumulator vector is a chain of dependent FMAs, R1 long per iteration of
+    // S2. Out-of-order execution overlaps the next S2 iterations' chains (other
+    // accumulators) as far as its window reaches; fewer chains in flight than FMA
+    // latency times issue width leave the FMA units waiting.
+    let vectors = (e.accumulators / lanes).max(1.0);
+    let r1: f64 = levels[4].iter().map(|l| l.extent).product();
+    let s2: f64 = levels[3].iter().map(|l| l.extent).product();
+    let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
+    let chains = vectors * overlap;
+    let latency_bound = (cx.fma_chains / chains).max(1.0);
+    // Every step of R1 loads the register tile's operands: a vector per `lanes`
+    // elements along the vectorized loop, a broadcast per element otherwise. With as
+    // many load ports as FMA units, more loads than accumulator vectors wait on loads.
+    // A read strided along the vectorized loop (a transpose inlined into it) is
+    // gathered: a load per element. On TBG the analytical model ranked kernels with
+    // the operand gathered 32 wide first, at twice the time of 16-wide ones.
+    let vector_var = levels[5].last().map(|l| l.var);
+    let loads: f64 = cx
+        .reads
+        .iter()
+        .zip(loaded_reads)
+        .map(|((vars, _), loaded)| {
+            let elems: f64 = levels[5]
+                .iter()
+                .filter(|l| vars.contains(&l.var))
+                .map(|l| l.extent)
+                .product();
+            match vector_var {
+                Some(v)
+                    if vars.contains(&v)
+                        && loaded
+                            .iter()
+                            .all(|ix| contiguous_along(cx.program, cx.block, ix, v)) =>
+                {
+                    (elems / lanes).ceil()
+                }
+                _ => elems,
+            }
+        })
+        .sum();
+    let load_bound = (loads / vectors).max(1.0);
+    cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
+        * spill
+        * latency_bound.max(load_bound)
+        * INLINED_SELECT_COST.powi(inlined_selects as i32)
+}
+
+/// LLVM's vectorization of loop `nest[at]` with the loops inside it unrolled: (compute cycles,
+/// vector efficiency, accumulator points of the body).
+fn llvm_vector_cycles(
+    cx: &BlockContext,
+    nest: &[LoopDim],
+    at: usize,
+    inlined_selects: usize,
+) -> (f64, f64, f64) {
+    let lanes = cx.lanes;
+    let l = nest[at];
+    let body = &nest[at + 1..];
+    let points: f64 = body
+        .iter()
+        .filter(|d| d.spatial)
+        .map(|d| d.extent)
+        .product();
+    let fmas: f64 = body.iter().map(|d| d.extent).product();
+    let eff = l.extent / (lanes * (l.extent / lanes).ceil());
+    // One vector load (or broadcast) per element of each read the body touches,
+    // and each accumulator loaded and stored again around the body: the body is
+    // one step of L, so partial sums live in memory between its iterations. LLVM
+    // interleaves up to 4 vectors of L while registers last, and a broadcast (a
+    // read that does not walk L) then serves all of them.
+    let interleave = (l.extent / lanes)
+        .ceil()
+        .min(4.0)
+        .min(((VECTOR_REGISTERS - OPERAND_REGISTERS) / points).floor())
+        .max(1.0);
+    let loads: f64 = cx
+        .reads
+        .iter()
+        .map(|(vars, _)| {
+            let elems: f64 = body
+                .iter()
+                .filter(|d| vars.contains(&d.var))
+                .map(|d| d.extent)
+                .product();
+            if vars.contains(&l.var) {
+                elems
+            } else {
+                elems / interleave
+            }
+        })
+        .sum::<f64>()
+        + 2.0 * points;
+    let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
+    let latency = (cx.fma_chains / (points * overlap)).max(1.0);
+    let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+        .max(1.0)
+        .powi(2);
+    let cycles = cx.flops / (cx.flops_per_cycle * eff)
+        * spill
+        * latency.max((loads / fmas).max(1.0))
+        * INLINED_SELECT_COST.powi(inlined_selects as i32);
+    (cycles, eff, points)
+}
+
+/// A block computed under a tiled consumer: once per iteration of the loops above it, for the
+/// region the loops inside read, while that region is in cache.
+fn estimate_computed_at(
+    cx: &BlockContext,
+    e: &mut BlockEstimate,
+    host: usize,
+    depth: usize,
+    target: &CpuTarget,
+) {
+    let host_tiles = cx.genome.tiles.get(&host).map(Vec::as_slice).unwrap_or(&[]);
+    let levels = tile_levels(cx.program, host, host_tiles);
+    let nest: Vec<LoopDim> = levels.concat();
+    let elements = elements_under_tiles(cx.program, cx.block, host, &nest, depth)
+        .unwrap_or(cx.iterations)
+        .max(cx.iterations);
+    let ops = cx.ops.float_ops().max(1) as f64;
+    e.flops = elements * ops;
+    let above = (depth + 1).min(nest.len());
+    e.parallel_efficiency =
+        parallel_efficiency(&nest[..above], cx.genome.parallel, target.num_cores);
+    e.vector_efficiency = 1.0;
+    e.inner_extent = nest.last().map_or(1.0, |l| l.extent);
+    e.compute_cycles = elements * ops / cx.lanes;
+    e.memory_cycles =
+        cx.reads.iter().map(|(_, by)| elements * by).sum::<f64>() / L1_BW + elements * 4.0 / L1_BW;
+    e.level_extents = [elements, 1.0, 1.0, 1.0, 1.0, 1.0];
+}
+
+/// A block left as it is (rooted, rfactored, or computed at an untiled consumer): its own
+/// loops, parallel and vectorized as annotated.
+fn estimate_untiled(
+    cx: &BlockContext,
+    e: &mut BlockEstimate,
+    rule: Option<&Rule>,
+    target: &CpuTarget,
+) {
+    let (program, b, genome, lanes) = (cx.program, cx.b, cx.genome, cx.lanes);
+    let (flops, flops_per_cycle, iterations) = (cx.flops, cx.flops_per_cycle, cx.iterations);
+    let (reads, contiguous_var, cores, block, space) =
+        (&cx.reads, cx.contiguous_var, cx.cores, cx.block, cx.space);
+    let nest: Vec<LoopDim> = b
+        .iter_vars
+        .iter()
+        .enumerate()
+        .map(|(var, iv)| LoopDim {
+            var,
+            extent: iv.extent as f64,
+            spatial: iv.kind == IterKind::Spatial,
+        })
+        .collect();
+    e.parallel_efficiency = parallel_efficiency(&nest, cx.genome.parallel, target.num_cores);
+    if let Some(Rule::RFactor { .. }) = rule {
+        // rfactor turns part of the reduction into a parallel spatial axis.
+        e.parallel_efficiency = e.parallel_efficiency.max(0.9);
+    }
+    if let Some(Rule::ComputeAt { .. }) = rule {
+        // Computed inside its consumer: parallel with it, and its result stays in cache.
+        e.parallel_efficiency = e.parallel_efficiency.max(0.8);
+    }
+    let inner = nest.last();
+    e.inner_extent = inner.map_or(1.0, |l| l.extent);
+    e.inner_contiguous = inner.is_some_and(|l| Some(l.var) == contiguous_var);
+    e.vector_efficiency = vector_efficiency(inner, contiguous_var, genome.vectorize, lanes);
+    e.compute_cycles = flops / (flops_per_cycle * e.vector_efficiency);
+    e.memory_cycles = reads.iter().map(|(_, by)| iterations * by).sum::<f64>() / L2_BW;
+    e.level_extents = [iterations, 1.0, 1.0, 1.0, 1.0, 1.0];
+    if matches!(rule, Some(Rule::Root)) && space.optional_inline.contains(&block) {
+        // Padding as a pass of its own: nothing to overlap it with, so it streams
+        // its input and the padded copy (written, then read back by the consumer)
+        // at the bandwidth of the level they fit in.
+        let written: f64 = b
+            .writes
+            .iter()
+            .map(|w| {
+                let buf = &program.buffers[w.buffer];
+                buf.shape.iter().product::<i64>() as f64 * buf.element_bytes() as f64
+            })
+            .sum();
+        let read: f64 = reads.iter().map(|(_, by)| iterations * by).sum();
+        let bw = if written + read <= L2_BYTES * cores {
+            L2_BW
+        } else {
+            MEM_BW
+        };
+        e.memory_cycles = (read + 2.0 * written) / bw / MEMORY_WEIGHT;
+    }
 }
 
 /// Estimated cycles of a whole candidate (lower is better).

@@ -249,6 +249,48 @@ pub fn compute_at(
     } else {
         "ComputeAt"
     };
+    check_movable(st, inst, b, target, reverse)?;
+    let producers = st.producers(b);
+    let consumers = st.consumers(b);
+    let pos = insertion_position(st, inst, b, target, index, reverse, &producers, &consumers)?;
+    let block = st.blocks[b].block.clone();
+    let (provided, req_blocks, req_writes) = if reverse {
+        (&block.reads, &producers, true)
+    } else {
+        (&block.writes, &consumers, false)
+    };
+    let bufs: Vec<usize> = provided.iter().map(|a| a.buffer).collect();
+    let required = required_regions(st, inst, req_blocks, target, req_writes, &bufs)?;
+    let doms = solve_domains(st, inst, b, provided, &required)?;
+    let all = st.ranges();
+    // Every domain is checked before the tree changes.
+    let mut spans = Vec::new();
+    for (iv, dom) in block.iter_vars.iter().zip(doms) {
+        spans.push(match dom {
+            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all).ok_or_else(|| {
+                Error::schedule(
+                    inst,
+                    format!(
+                        "the domain of {} of block {} crosses its range depending on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)",
+                        iv.name, block.name
+                    ),
+                )
+            })?,
+            None => (Lin::constant(0), 0, iv.extent - 1),
+        });
+    }
+    st.detach(Child::Block(b))?;
+    let (parent, insert_at, bindings) =
+        new_loop_nest(st, target, pos, spans, preserve_unit_loops, &all);
+    st.blocks[b].bindings = bindings;
+    st.blocks[b].predicate = Expr::Bool(true);
+    st.insert(parent, insert_at, Child::Block(b));
+    st.simplify_bindings(Some(target));
+    Ok(())
+}
+
+/// TVM's preconditions of (reverse_)compute_at that do not depend on the insertion point.
+fn check_movable(st: &State, inst: &str, b: BlockId, target: LoopId, reverse: bool) -> Result<()> {
     if b == st.root || !st.blocks[b].alive {
         return Err(Error::schedule(
             inst,
@@ -258,7 +300,7 @@ pub fn compute_at(
     if !st.loops[target].alive {
         return Err(Error::schedule(inst, "the loop no longer exists"));
     }
-    let name = st.blocks[b].block.name.clone();
+    let name = &st.blocks[b].block.name;
     if st.is_ancestor(target, Child::Block(b)) {
         return Err(Error::schedule(
             inst,
@@ -280,9 +322,25 @@ pub fn compute_at(
             format!("block {name} is an output block"),
         ));
     }
-    let producers = st.producers(b);
-    let consumers = st.consumers(b);
-    let kids = st.loops[target].children.clone();
+    Ok(())
+}
+
+/// Where under `target` the moved block goes: after its last producer and before its first
+/// consumer (`index` -1 and -2 are TVM's "just before the first consumer" and "just after the
+/// last producer"); every consumer (producer, when `reverse`) must be under the loop.
+#[allow(clippy::too_many_arguments)]
+fn insertion_position(
+    st: &State,
+    inst: &str,
+    b: BlockId,
+    target: LoopId,
+    index: i64,
+    reverse: bool,
+    producers: &[BlockId],
+    consumers: &[BlockId],
+) -> Result<usize> {
+    let name = &st.blocks[b].block.name;
+    let kids = &st.loops[target].children;
     let mut last_producer: i64 = -1;
     let mut first_consumer: i64 = kids.len() as i64;
     let (mut n_prod, mut n_cons) = (0, 0);
@@ -318,7 +376,7 @@ pub fn compute_at(
             "a consumer comes before a producer under the target loop",
         ));
     }
-    let pos = match index {
+    Ok(match index {
         -1 => first_consumer,
         -2 => last_producer + 1,
         i if i > last_producer && i <= first_consumer => i,
@@ -328,35 +386,20 @@ pub fn compute_at(
                 format!("insertion index {i} is not valid"),
             ))
         }
-    } as usize;
-    let block = st.blocks[b].block.clone();
-    let (provided, req_blocks, req_writes) = if reverse {
-        (&block.reads, &producers, true)
-    } else {
-        (&block.writes, &consumers, false)
-    };
-    let bufs: Vec<usize> = provided.iter().map(|a| a.buffer).collect();
-    let required = required_regions(st, inst, req_blocks, target, req_writes, &bufs)?;
-    let doms = solve_domains(st, inst, b, provided, &required)?;
-    let all = st.ranges();
-    // Every domain is checked before the tree changes.
-    let mut spans = Vec::new();
-    for (iv, dom) in block.iter_vars.iter().zip(doms) {
-        spans.push(match dom {
-            Some((d, bound_max)) => clamp(d, bound_max.min(iv.extent - 1), &all).ok_or_else(|| {
-                Error::schedule(
-                    inst,
-                    format!(
-                        "the domain of {} of block {name} crosses its range depending on outer loops (TVM makes a dynamic loop, which DisallowDynamicLoop rejects)",
-                        iv.name
-                    ),
-                )
-            })?,
-            None => (Lin::constant(0), 0, iv.extent - 1),
-        });
-    }
-    // The new loop nest, one loop per iteration variable (unit loops kept on request).
-    st.detach(Child::Block(b))?;
+    } as usize)
+}
+
+/// The loops of a moved block, one per iteration variable over its span (unit loops kept on
+/// request), inserted at `pos` under `target`: the innermost parent, the position there, and
+/// the block's new bindings.
+fn new_loop_nest(
+    st: &mut State,
+    target: LoopId,
+    pos: usize,
+    spans: Vec<(Lin, i64, i64)>,
+    preserve_unit_loops: bool,
+    all: &Ranges,
+) -> (Option<LoopId>, usize, Vec<Expr>) {
     let mut parent = Some(target);
     let mut insert_at = pos;
     let mut bindings = Vec::new();
@@ -364,7 +407,7 @@ pub fn compute_at(
         let extent = hi - lo + 1;
         // TVM's analyzer knows the outer loop ranges: a unit loop's variable is 0 there.
         let unit = |v: &str| (all.get(v) == Some(&1)).then_some(Expr::Int(0));
-        let start = arith::linear(&base.to_expr().substitute(&unit), &all)
+        let start = arith::linear(&base.to_expr().substitute(&unit), all)
             .unwrap_or(base)
             .add(&Lin::constant(lo), 1);
         if preserve_unit_loops || extent != 1 {
@@ -381,11 +424,7 @@ pub fn compute_at(
             bindings.push(start.to_expr());
         }
     }
-    st.blocks[b].bindings = bindings;
-    st.blocks[b].predicate = Expr::Bool(true);
-    st.insert(parent, insert_at, Child::Block(b));
-    st.simplify_bindings(Some(target));
-    Ok(())
+    (parent, insert_at, bindings)
 }
 
 /// The iteration variable stored at each index of a block's single store: TVM inlines only

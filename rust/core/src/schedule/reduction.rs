@@ -141,11 +141,25 @@ fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
     Expr::Bin(op, Box::new(a), Box::new(b))
 }
 
-/// Factorizes the reduction of the single block under loop `rf` over that loop into a new block
-/// `<name>_rf` writing `<buffer>_rf` (the loop's extent inserted at `factor_axis`); the original
-/// block becomes the write-back block.
-pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> {
-    const I: &str = "RFactor";
+/// The reduction block `rfactor` factorizes under loop `rf`, checked as TVM checks it.
+struct Factorized {
+    b: BlockId,
+    blk: Block,
+    init: Vec<Store>,
+    op: BinOp,
+    wbuf: usize,
+    widx: Vec<Expr>,
+    /// The reduction's update operand (the value combined into the accumulator).
+    other: Expr,
+    bindings: Vec<Expr>,
+    loops: Vec<LoopId>,
+    reduce_loops: Vec<LoopId>,
+}
+
+const RFACTOR: &str = "RFactor";
+
+fn factorized(st: &State, rf: LoopId) -> Result<Factorized> {
+    const I: &str = RFACTOR;
     if !st.loops[rf].alive {
         return Err(Error::schedule(I, "the loop no longer exists"));
     }
@@ -200,30 +214,37 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             "the loop is not a reduction loop of the block",
         ));
     }
-    let ndim = st.buffers[wbuf].shape.len() as i64;
-    let axis = if factor_axis < 0 {
-        factor_axis + ndim + 1
-    } else {
-        factor_axis
-    };
-    if !(0..=ndim).contains(&axis) {
-        return Err(Error::schedule(
-            I,
-            format!("factor axis {factor_axis} out of range for {ndim} dimensions"),
-        ));
-    }
-    let axis = axis as usize;
-    let mut shape = st.buffers[wbuf].shape.clone();
-    shape.insert(axis, st.loops[rf].extent);
-    let wb = st.buffers[wbuf].clone();
-    let rf_buf = st.add_buffer(Buffer {
-        name: format!("{}.rf", wb.name),
-        shape,
-        dtype: wb.dtype,
-        scope: wb.scope,
-    });
-    let root = st.root;
-    st.blocks[root].block.alloc_buffers.push(rf_buf);
+    Ok(Factorized {
+        b,
+        blk,
+        init,
+        op,
+        wbuf,
+        widx,
+        other,
+        bindings,
+        loops,
+        reduce_loops,
+    })
+}
+
+/// Factorizes the reduction of the single block under loop `rf` over that loop into a new block
+/// `<name>_rf` writing `<buffer>_rf` (the loop's extent inserted at `factor_axis`); the original
+/// block becomes the write-back block.
+pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> {
+    let Factorized {
+        b,
+        blk,
+        init,
+        op,
+        wbuf,
+        widx,
+        other,
+        bindings,
+        loops,
+        reduce_loops,
+    } = factorized(st, rf)?;
+    let (rf_buf, axis) = rf_buffer(st, wbuf, rf, factor_axis)?;
 
     // The rf block's variables: the rf loop (spatial), the spatial ones, one per other reduction loop.
     let name_of = |l: LoopId| format!("vr{}", st.loops[l].var.trim_start_matches('%'));
@@ -246,19 +267,7 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
     }
     // One reduction variable per other reduction loop, in the order the original reduction
     // variables' bindings mention them (TVM's order, not the loop nesting order).
-    let mut order: Vec<LoopId> = Vec::new();
-    for (iv, e) in blk.iter_vars.iter().zip(&bindings) {
-        if iv.kind != IterKind::Reduce {
-            continue;
-        }
-        for v in arith::vars_of(e) {
-            if let Some(l) = st.loop_by_var(&v) {
-                if l != rf && reduce_loops.contains(&l) && !order.contains(&l) {
-                    order.push(l);
-                }
-            }
-        }
-    }
+    let order = other_reduce_loops(st, &blk, &bindings, rf, &reduce_loops);
     for &l in &order {
         ivs.push(IterVar {
             name: name_of(l),
@@ -342,10 +351,37 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
         alloc_buffers: vec![],
         annotations: blk.annotations.clone(),
     };
-    // A copy of the whole loop nest for the rf block, placed before the original nest.
+    let rfb = place_rf_block(
+        st,
+        b,
+        rf,
+        &loops,
+        rf_block,
+        &rf_bindings_spatial,
+        &rf_bind_loops,
+    )?;
+    write_back(
+        st, b, rf, &rf_var, &blk, &bindings, op, wbuf, &widx, rf_point, rf_load,
+    );
+    for &l in reduce_loops.iter().filter(|&&l| l != rf) {
+        unlink_loop(st, l)?;
+    }
+    Ok(rfb)
+}
+
+/// The rf block under a copy of the whole loop nest of block `b`, placed before that nest.
+fn place_rf_block(
+    st: &mut State,
+    b: BlockId,
+    rf: LoopId,
+    loops: &[LoopId],
+    rf_block: Block,
+    rf_bindings_spatial: &[Expr],
+    rf_bind_loops: &[LoopId],
+) -> Result<BlockId> {
     let mut copies = Vec::new();
     let mut up: Option<LoopId> = None;
-    for &old in &loops {
+    for &old in loops {
         let n = st.new_loop(st.loops[old].extent, up);
         st.loops[n].kind = st.loops[old].kind;
         st.loops[n].thread = st.loops[old].thread.clone();
@@ -380,17 +416,34 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
             let pos = st.position(Child::Loop(t))?;
             st.insert(parent, pos, Child::Loop(copies_root(st, &copies)?));
         }
-        None => return Err(Error::schedule(I, "the block has no loops")),
+        None => return Err(Error::schedule(RFACTOR, "the block has no loops")),
     }
-    // The write-back block: reduce over the rf loop only; other reduction loops disappear.
+    Ok(rfb)
+}
+
+/// Block `b` becomes the write-back block: it reduces over the rf loop only.
+#[allow(clippy::too_many_arguments)]
+fn write_back(
+    st: &mut State,
+    b: BlockId,
+    rf: LoopId,
+    rf_var: &str,
+    blk: &Block,
+    bindings: &[Expr],
+    op: BinOp,
+    wbuf: usize,
+    widx: &[Expr],
+    rf_point: Access,
+    rf_load: Expr,
+) {
     let mut wb_ivs = vec![IterVar {
-        name: rf_var.clone(),
+        name: rf_var.to_string(),
         min: 0,
         extent: st.loops[rf].extent,
         kind: IterKind::Reduce,
     }];
     let mut wb_bindings = vec![Expr::Var(st.loops[rf].var.clone())];
-    for (iv, e) in blk.iter_vars.iter().zip(&bindings) {
+    for (iv, e) in blk.iter_vars.iter().zip(bindings) {
         if iv.kind == IterKind::Spatial {
             wb_ivs.push(iv.clone());
             wb_bindings.push(e.clone());
@@ -398,22 +451,74 @@ pub fn rfactor(st: &mut State, rf: LoopId, factor_axis: i64) -> Result<BlockId> 
     }
     let w_load = Expr::Load {
         buffer: wbuf,
-        indices: widx.clone(),
+        indices: widx.to_vec(),
     };
     let sb = &mut st.blocks[b];
     sb.block.iter_vars = wb_ivs;
     sb.block.reads = vec![rf_point];
     sb.block.body = vec![Store {
         buffer: wbuf,
-        indices: widx.clone(),
+        indices: widx.to_vec(),
         value: bin(op, w_load, rf_load),
     }];
     sb.bindings = wb_bindings;
     sb.predicate = Expr::Bool(true);
-    for &l in reduce_loops.iter().filter(|&&l| l != rf) {
-        unlink_loop(st, l)?;
+}
+
+/// The rf block's buffer: the written buffer with the rf loop's extent inserted at
+/// `factor_axis` (negative from the end), allocated at the root. Returns it and the axis.
+fn rf_buffer(st: &mut State, wbuf: usize, rf: LoopId, factor_axis: i64) -> Result<(usize, usize)> {
+    const I: &str = RFACTOR;
+    let ndim = st.buffers[wbuf].shape.len() as i64;
+    let axis = if factor_axis < 0 {
+        factor_axis + ndim + 1
+    } else {
+        factor_axis
+    };
+    if !(0..=ndim).contains(&axis) {
+        return Err(Error::schedule(
+            I,
+            format!("factor axis {factor_axis} out of range for {ndim} dimensions"),
+        ));
     }
-    Ok(rfb)
+    let axis = axis as usize;
+    let mut shape = st.buffers[wbuf].shape.clone();
+    shape.insert(axis, st.loops[rf].extent);
+    let wb = st.buffers[wbuf].clone();
+    let rf_buf = st.add_buffer(Buffer {
+        name: format!("{}.rf", wb.name),
+        shape,
+        dtype: wb.dtype,
+        scope: wb.scope,
+    });
+    let root = st.root;
+    st.blocks[root].block.alloc_buffers.push(rf_buf);
+    Ok((rf_buf, axis))
+}
+
+/// The reduction loops other than `rf`, in the order the block's reduction variables' bindings
+/// mention them (TVM's order, not the loop nesting order).
+fn other_reduce_loops(
+    st: &State,
+    blk: &Block,
+    bindings: &[Expr],
+    rf: LoopId,
+    reduce_loops: &[LoopId],
+) -> Vec<LoopId> {
+    let mut order: Vec<LoopId> = Vec::new();
+    for (iv, e) in blk.iter_vars.iter().zip(bindings) {
+        if iv.kind != IterKind::Reduce {
+            continue;
+        }
+        for v in arith::vars_of(e) {
+            if let Some(l) = st.loop_by_var(&v) {
+                if l != rf && reduce_loops.contains(&l) && !order.contains(&l) {
+                    order.push(l);
+                }
+            }
+        }
+    }
+    order
 }
 
 fn copies_root(st: &State, copies: &[(String, Expr)]) -> Result<LoopId> {

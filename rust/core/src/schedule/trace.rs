@@ -273,6 +273,22 @@ impl<'a> Replayer<'a> {
 
     /// Applies one instruction; returns its decision for sampling instructions.
     pub fn apply(&mut self, inst: &Instruction, decision: Option<&Value>) -> Result<Option<Value>> {
+        match inst.kind.as_str() {
+            "GetSBlock" | "GetBlock" | "GetLoops" | "GetChildBlocks" | "GetConsumers"
+            | "GetProducers" => self.apply_query(inst)?,
+            "Split" | "Fuse" | "Reorder" | "Parallel" | "Vectorize" | "Unroll" | "Bind"
+            | "Annotate" | "Unannotate" => self.apply_loop_or_annotation(inst)?,
+            "SamplePerfectTile" | "SampleCategorical" | "SampleComputeLocation" => {
+                return self.apply_sample(inst, decision)
+            }
+            "EnterPostproc" => {}
+            _ => self.apply_block_transform(inst)?,
+        }
+        Ok(None)
+    }
+
+    /// The queries: blocks, loops, children, producers and consumers.
+    fn apply_query(&mut self, inst: &Instruction) -> Result<()> {
         let k = inst.kind.as_str();
         let inp = |i: usize| Replayer::input(inst, i);
         match k {
@@ -317,6 +333,16 @@ impl<'a> Replayer<'a> {
                 };
                 self.bind(k, &inst.outputs, bs.into_iter().map(Rv::Block).collect())?;
             }
+            _ => return Err(Error::schedule(k, "instruction kind not supported")),
+        }
+        Ok(())
+    }
+
+    /// Loop transformations and annotations.
+    fn apply_loop_or_annotation(&mut self, inst: &Instruction) -> Result<()> {
+        let k = inst.kind.as_str();
+        let inp = |i: usize| Replayer::input(inst, i);
+        match k {
             "Split" => {
                 let l = self.lp(k, inp(0)?)?;
                 let factors = inst.inputs[1..]
@@ -404,6 +430,20 @@ impl<'a> Replayer<'a> {
                     _ => return Err(Error::schedule(k, "the target is not a live block or loop")),
                 }
             }
+            _ => return Err(Error::schedule(k, "instruction kind not supported")),
+        }
+        Ok(())
+    }
+
+    /// The sampling instructions: replays `decision` where given, else draws; returns the decision.
+    fn apply_sample(
+        &mut self,
+        inst: &Instruction,
+        decision: Option<&Value>,
+    ) -> Result<Option<Value>> {
+        let k = inst.kind.as_str();
+        let inp = |i: usize| Replayer::input(inst, i);
+        match k {
             "SamplePerfectTile" => {
                 let l = self.lp(k, inp(0)?)?;
                 let n = Self::attr_int(k, &inst.attrs, 0)?;
@@ -437,7 +477,7 @@ impl<'a> Replayer<'a> {
                     &inst.outputs,
                     factors.iter().map(|&f| Rv::Int(f)).collect(),
                 )?;
-                return Ok(Some(json!(factors)));
+                Ok(Some(json!(factors)))
             }
             "SampleCategorical" => {
                 let cands: Vec<i64> = inst
@@ -468,7 +508,7 @@ impl<'a> Replayer<'a> {
                     .and_then(|i| cands.get(i))
                     .ok_or_else(|| Error::schedule(k, format!("decision {idx} out of range")))?;
                 self.bind(k, &inst.outputs, vec![Rv::Int(*v)])?;
-                return Ok(Some(json!(idx)));
+                Ok(Some(json!(idx)))
             }
             "SampleComputeLocation" => {
                 let b = self.block(k, inp(0)?)?;
@@ -495,8 +535,17 @@ impl<'a> Replayer<'a> {
                     }
                 };
                 self.bind(k, &inst.outputs, vec![rv])?;
-                return Ok(Some(json!(d)));
+                Ok(Some(json!(d)))
             }
+            _ => Err(Error::schedule(k, "instruction kind not supported")),
+        }
+    }
+
+    /// Block transformations: compute locations, inlining, caches and reductions.
+    fn apply_block_transform(&mut self, inst: &Instruction) -> Result<()> {
+        let k = inst.kind.as_str();
+        let inp = |i: usize| Replayer::input(inst, i);
+        match k {
             "ComputeAt" | "ReverseComputeAt" => {
                 let b = self.block(k, inp(0)?)?;
                 let reverse = k == "ReverseComputeAt";
@@ -552,10 +601,9 @@ impl<'a> Replayer<'a> {
                 let ib = reduction::decompose_reduction(self.st, b, l)?;
                 self.bind(k, &inst.outputs, vec![Rv::Block(ib)])?;
             }
-            "EnterPostproc" => {}
             _ => return Err(Error::schedule(k, "instruction kind not supported")),
         }
-        Ok(None)
+        Ok(())
     }
 }
 
