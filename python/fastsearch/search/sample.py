@@ -22,6 +22,7 @@ from fastsearch.errors import InternalError
 from fastsearch.ir.machine import num_cores
 from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import main_function, program_json
+from fastsearch.ir.tune_context import tune_context
 
 
 @dataclass
@@ -49,35 +50,19 @@ def fresh_copy(obj: Any) -> Any:
 class Postprocessor:
     """MetaSchedule's default postprocessors for the target, initialized for one workload.
 
-    Built through the FFI constructor of TuneContext: its Python constructor imports every tensor
-    intrinsic (tens of seconds per process), which replaying fastsearch's traces does not need.
+    Built by :func:`fastsearch.ir.tune_context.tune_context`: TuneContext's Python constructor
+    imports every tensor intrinsic (tens of seconds per process), which replaying fastsearch's
+    traces does not need.
     ``apply(sch)`` enters postprocessing and runs them all, as MetaSchedule does before a build.
     """
 
     def __init__(self, mod: tvm.tirx.PrimFunc | tvm.IRModule, target: tvm.target.Target) -> None:
-        from tvm.s_tir.meta_schedule import _ffi_api
-        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
-
-        if isinstance(mod, tvm.tirx.PrimFunc):
-            mod = tvm.IRModule({"main": mod})
         kind = str(target.kind.name)
         kind = kind if kind in ("cuda", "hexagon") else "llvm"
         space = ms.space_generator.PostOrderApply(
             sch_rules=[], postprocs=ms.postproc.Postproc.create(kind), mutator_probs={}
         )
-        ctx = ms.TuneContext.__new__(ms.TuneContext)
-        ctx.__init_handle_by_constructor__(
-            _ffi_api.TuneContext,
-            mod,
-            target,
-            space,
-            None,
-            "main",
-            1,
-            0,
-            get_logging_func(get_logger(__name__)),
-        )
-        _ffi_api.TuneContextInitialize(ctx)
+        ctx = tune_context(mod, target, space)
         self.target = target
         self.postprocs = list(ctx.space_generator.postprocs)
         self.rejected_by: str | None = None
