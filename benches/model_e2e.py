@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -145,7 +146,10 @@ def run_metaschedule(
 def report(res: dict) -> str:
     rows = res["models"]
     base = "onnxruntime" if "onnxruntime" in rows else "untuned"
-    lines = [
+    from benches.runs import busy_warning
+
+    warning = busy_warning(res.get("other_cpu_load", math.nan))
+    lines = ([warning, ""] if warning else []) + [
         (
             f"`{res['model']}`, {res['trials']} trials each, seed {res['seed']}, {res['threads']} threads; "
             f"target `{res['target']}`; {res['host']}; {res['date']}. Medians of {res['processes']} fresh "
@@ -229,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     from fastsearch.testing.relax_models import load_model
 
     from benches.run_meta import run_metadata
+    from benches.runs import other_cpu_load
 
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if mst["exe"] is not None:
         mst["exe"].export_library(str(libs["metaschedule"]))
 
+    other_load = other_cpu_load()
     timing = time_in_fresh_processes(
         {n: str(p) for n, p in libs.items()},
         inputs,
@@ -291,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "processes": args.processes,
         "rounds": args.rounds,
         **run_metadata("model_e2e.py", target, argv),
+        "other_cpu_load": other_load,
         "models": {},
     }
     extra = {"fastsearch": fs, "metaschedule": mst}

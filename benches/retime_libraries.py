@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     model = onnx_zoo.build(args.zoo)
     feeds = onnx_zoo.model_input(model, seed=1)
     ref = onnx_zoo.reference_outputs(model, feeds)[0]
+    from benches.runs import busy_warning, other_cpu_load
+
+    warning = busy_warning(other_cpu_load())
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = Path(tmp) / "model.onnx"
         onnx.save(model, onnx_file)
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
         )
     base = "onnxruntime" if "onnxruntime" in timing.times else next(iter(libs))
+    if warning:
+        print(warning + "\n")
     print(
         f"`{args.zoo}`, {args.threads} threads, {args.processes} fresh processes x {args.rounds} rounds "
         f"(onnxruntime in processes of its own)\n"

@@ -101,3 +101,42 @@ def best_within(
         if first[key] < n and math.isfinite(mean_us(rec)):
             within.append(rec)
     return min(within, key=mean_us) if within else None
+
+
+def other_cpu_load(seconds: float = 2.0) -> float:
+    """How busy the machine's CPUs were over ``seconds`` while this process slept (0 idle, 1 every
+    CPU busy), from ``/proc/stat``; NaN where it cannot be read. Timing a model while other work
+    runs is unreliable: TVM's thread-pool barriers stall whenever a core is taken (a MobileNetV2
+    read 225 ms instead of 14 ms)."""
+    import time
+
+    def sample() -> tuple[int, int] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    first = sample()
+    time.sleep(seconds)
+    second = sample()
+    if first is None or second is None or second[0] == first[0]:
+        return math.nan
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return 1.0 - idle / total
+
+
+#: Above this share of the CPUs busy with other work, a timing is flagged as unreliable.
+BUSY_THRESHOLD = 0.1
+
+
+def busy_warning(load: float) -> str | None:
+    """A line for the report when other work kept the CPUs busy before timing, else None."""
+    if math.isnan(load) or load <= BUSY_THRESHOLD:
+        return None
+    return (
+        f"**Warning: {load:.0%} of the CPUs were busy with other work just before timing; "
+        "the latencies are not reliable (re-time the exported libraries on a quiet machine with "
+        "`python -m benches.retime_libraries`).**"
+    )
