@@ -35,6 +35,7 @@ import tvm
 from fastsearch import _core
 from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
 from fastsearch.ir.tir_import import program_json
+from fastsearch.ir.tune_context import tune_context
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
@@ -71,6 +72,23 @@ def _is_dynamic(nest: Any) -> bool:
     return False
 
 
+def _context(func: Any, design_spaces: bool) -> ms.TuneContext:
+    """A TuneContext of ``func`` on ``TARGET``, with TVM's default CPU design space when asked.
+
+    The space's rules are TVM's defaults for the "llvm" kind, given explicitly: left to the
+    target, an AVX-512 CPU gets the x86 set, whose int8 tensor-intrinsic rule needs every tensor
+    intrinsic registered first (a 35 s import on 2 cores). The workloads here are float32, on
+    which that rule never applies, so the spaces are the same."""
+    space = None
+    if design_spaces:
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=ms.schedule_rule.ScheduleRule.create("llvm"),
+            postprocs=ms.postproc.Postproc.create("llvm"),
+            mutator_probs={},
+        )
+    return tune_context(func, TARGET, space=space, task_name="x")
+
+
 def _postprocessors(ctx: ms.TuneContext) -> list[Any]:
     posts = [ms.postproc.RewriteParallelVectorizeUnroll(), ms.postproc.RewriteReductionBlock()]
     for p in posts:
@@ -81,9 +99,7 @@ def _postprocessors(ctx: ms.TuneContext) -> list[Any]:
 def design_space_traces(workload: str, func: Any) -> Iterator[Case]:
     """TVM's CPU design spaces of ``func``, each replayed without its decisions under several
     seeds (fresh random decisions), then postprocessed by TVM."""
-    ctx = ms.TuneContext(
-        mod=tvm.IRModule({"main": func}), target=TARGET, space_generator="post-order-apply", task_name="x"
-    )
+    ctx = _context(func, design_spaces=True)
     for si, space in enumerate(ctx.generate_design_space()):
         for seed in SEEDS:
             sch = s_tir.Schedule(func, seed=seed)
@@ -203,7 +219,7 @@ _OPS = [
 
 def random_primitive_traces(workload: str, func: Any) -> Iterator[Case]:
     """Random sequences of primitives that TVM accepts, then TVM's RewriteReductionBlock."""
-    ctx = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=TARGET, task_name="x")
+    ctx = _context(func, design_spaces=False)
     for t in range(FUZZ_TRACES_PER_WORKLOAD):
         rng = random.Random(f"{workload}/{t}")
         sch = s_tir.Schedule(func)
@@ -234,9 +250,7 @@ SKETCH_TRACES_PER_WORKLOAD = 4
 
 def sketch_traces(workload: str, func: Any) -> Iterator[Case]:
     """Candidates drawn from fastsearch's CPU sketches (Rust), replayed by TVM, then postprocessed."""
-    ctx = ms.TuneContext(
-        mod=tvm.IRModule({"main": func}), target=TARGET, space_generator="post-order-apply", task_name="x"
-    )
+    ctx = _context(func, design_spaces=True)
     keys = _core.Program(program_json(func)).sample_sketches(_core.Target(2), SKETCH_TRACES_PER_WORKLOAD, 17)
     for i, key in enumerate(keys):
         sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(func)))

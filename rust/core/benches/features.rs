@@ -6,8 +6,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fastsearch_core::features::extract_traces;
-use fastsearch_core::program::Program;
+use fastsearch_core::extract_traces;
+use fastsearch_core::Program;
 use serde_json::Value;
 
 fn candidates() -> Vec<(String, Program, Vec<String>)> {

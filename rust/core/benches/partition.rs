@@ -6,8 +6,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use fastsearch_core::partition::{partition, partition_json, Graph, OpNode, OpPattern};
-use fastsearch_core::rng::Rng;
+use fastsearch_core::Rng;
+use fastsearch_core::{partition, partition_json, Graph, OpNode, OpPattern};
 
 /// A model-like DAG: mostly chains of elementwise/broadcast/injective ops after anchors, with
 /// residual edges to recent nodes, reductions, opaque ops, rare long-range edges and outputs.

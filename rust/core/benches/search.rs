@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fastsearch_core::model::Forest;
-use fastsearch_core::program::Program;
-use fastsearch_core::rng::Rng;
-use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
-use fastsearch_core::search::SearchContext;
-use fastsearch_core::sketch::{emit, mutate, CpuTarget, Genome, SketchSpace};
+use fastsearch_core::Forest;
+use fastsearch_core::Program;
+use fastsearch_core::Rng;
+use fastsearch_core::SearchContext;
+use fastsearch_core::{emit, mutate, CpuTarget, Genome, SketchSpace};
+use fastsearch_core::{evolve, EvolutionConfig};
 
 fn program(name: &str) -> Program {
     let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));

@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 
+/// Why a call into the core failed; the Python side maps each variant to its own exception.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum Error {
     /// The program uses a construct the model cannot represent.
@@ -13,7 +14,9 @@ pub enum Error {
     /// A schedule instruction is invalid on the program (TVM refuses it too).
     #[error("schedule error in {instruction}: {message}")]
     Schedule {
+        /// The instruction's kind, as MetaSchedule names it (`Split`, `ComputeAt`, ...).
         instruction: String,
+        /// What is wrong with it.
         message: String,
     },
     /// A trace cannot be read.
@@ -24,9 +27,11 @@ pub enum Error {
     Internal(String),
 }
 
+/// The result of every fallible call of the core.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// An [`Error::Schedule`] for `instruction`.
     pub fn schedule(instruction: &str, message: impl Into<String>) -> Self {
         Error::Schedule {
             instruction: instruction.to_string(),

@@ -1,20 +1,55 @@
 //! fastsearch-core: the search engine of fastsearch, with no Python in it.
 //!
-//! * [`program`] — the program model imported from TIR (blocks, loops, buffers, accesses).
-//! * [`schedule`] — the schedule engine: MetaSchedule instructions applied on the model,
-//!   traces read and written in MetaSchedule's JSON.
-//! * [`sketch`] — Ansor-style sketch generation and random annotation for CPU.
-//! * [`partition`] — fusion groups of a whole model, with the rules of TVM's Relax FuseOps.
-//! * [`rng`] — the deterministic random number generator every sampler uses.
+//! The modules are private; what a caller uses is re-exported here, by stage:
+//!
+//! * **Program model** — [`Program`], imported from the JSON that fastsearch's Python side
+//!   writes for a TIR function (blocks, loops, buffers, accesses), and its [`program_summary`].
+//! * **Schedule engine** — MetaSchedule instructions applied on the model: [`Trace`] (a trace
+//!   in MetaSchedule's JSON form), [`apply_trace`] and [`apply_trace_to`].
+//! * **Sketches** — Ansor-style sketch generation and random annotation for CPU:
+//!   [`SketchSpace`], [`Genome`], [`CpuTarget`], [`sample_traces`], [`sample_genomes`], [`emit`],
+//!   [`mutate`], and warm starts from other shapes ([`transfer`], [`transfer_from_sibling`]).
+//! * **Scoring** — the analytical model ([`estimate_cycles`], [`analytical_scores`]), the
+//!   trained [`Forest`], and the two combined ([`HybridScorer`]).
+//! * **Search** — [`evolve`] and [`anneal`] over a [`SearchContext`], proposing a batch to
+//!   measure.
+//! * **Features** — MetaSchedule's per-store features computed on the engine:
+//!   [`extract_traces`], [`extract_all`], [`extract_from_json`], and the [`lowered_text`] they
+//!   are read from.
+//! * **Partition** — fusion groups of a whole model with the rules of TVM's Relax FuseOps:
+//!   [`partition`], [`partition_json`], [`fusion_proposals`], [`merge_groups`].
+//! * [`Rng`] — the deterministic random number generator every sampler uses.
+//!
+//! Every fallible entry point returns [`Result`], whose [`Error`] says which input was wrong.
+#![warn(missing_docs)]
 
-pub mod error;
-pub mod features;
-pub mod model;
-pub mod partition;
-pub mod program;
-pub mod rng;
-pub mod schedule;
-pub mod search;
-pub mod sketch;
+mod error;
+mod features;
+mod model;
+mod partition;
+mod program;
+mod rng;
+mod schedule;
+mod search;
+mod sketch;
 
 pub use error::{Error, Result};
+pub use features::{extract_all, extract_from_json, extract_traces, lowered_text, N_FEATURES};
+pub use model::analytical::{estimate_cycles, score as analytical_scores};
+pub use model::sketch_features::{sketch_features, SKETCH_FEATURES, SKETCH_FEATURE_NAMES};
+pub use model::{Forest, HybridScorer};
+pub use partition::{
+    merge_groups, partition, partition_json, proposals as fusion_proposals, Graph, OpNode,
+    OpPattern, Partition, PartitionConfig, Proposal as FusionProposal,
+    ProposalKind as FusionProposalKind, DEFAULT_MAX_FUSE_DEPTH,
+};
+pub use program::{summary as program_summary, Program};
+pub use rng::Rng;
+pub use schedule::{apply_trace, apply_trace_to, Trace};
+pub use search::annealing::{anneal, AnnealingConfig};
+pub use search::evolution::{evolve, EvolutionConfig};
+pub use search::{coarse_shape, structure, Proposal, Role, Scorer, SearchContext};
+pub use sketch::{
+    emit, mutate, sample as sample_traces, sample_genomes, transfer, transfer_from_sibling,
+    CpuTarget, Genome, Rule, SketchSpace, WriteCache,
+};

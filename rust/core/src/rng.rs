@@ -3,6 +3,7 @@
 //! Determinism is part of fastsearch's API: each candidate gets its own generator derived from
 //! the run's seed and the candidate's index, so results do not depend on the thread count.
 
+/// The generator: xoshiro256**, seeded through SplitMix64.
 #[derive(Clone, Debug)]
 pub struct Rng {
     s: [u64; 4],
@@ -17,6 +18,7 @@ fn splitmix64(state: &mut u64) -> u64 {
 }
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         let mut st = seed;
         let s = [
@@ -34,6 +36,7 @@ impl Rng {
         Rng::new(splitmix64(&mut st))
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;
@@ -57,6 +60,7 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         self.unit() < p
     }
@@ -74,6 +78,7 @@ impl Rng {
         weights.len() - 1
     }
 
+    /// A uniformly chosen element of `items`, which must not be empty.
     pub fn choose<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
     }

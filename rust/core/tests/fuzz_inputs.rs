@@ -8,12 +8,12 @@
 //! `cargo test --release --test fuzz_inputs` runs 20,000 inputs per entry point;
 //! `FUZZ_INPUTS=250000 cargo test --release --test fuzz_inputs` runs a million in all.
 
-use fastsearch_core::features::extract_from_json;
-use fastsearch_core::model::xgb::Forest;
-use fastsearch_core::partition::{partition_json, PartitionConfig};
-use fastsearch_core::program::Program;
-use fastsearch_core::rng::Rng;
-use fastsearch_core::schedule::apply_trace;
+use fastsearch_core::apply_trace;
+use fastsearch_core::extract_from_json;
+use fastsearch_core::Forest;
+use fastsearch_core::Program;
+use fastsearch_core::Rng;
+use fastsearch_core::{partition_json, PartitionConfig};
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
@@ -209,8 +209,8 @@ fn xgboost_model_json_never_panics() {
 
 #[test]
 fn genome_transfer_never_panics() {
-    use fastsearch_core::model::analytical::estimate_cycles;
-    use fastsearch_core::sketch::{emit, mutate, sample_genomes, transfer, CpuTarget, SketchSpace};
+    use fastsearch_core::estimate_cycles;
+    use fastsearch_core::{emit, mutate, sample_genomes, transfer, CpuTarget, SketchSpace};
     use std::collections::HashSet;
 
     // Genomes of one program (as a warm start reads them from a genomes file), mutated, then

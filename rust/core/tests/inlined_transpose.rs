@@ -2,9 +2,9 @@
 //! the operand the vectorized loop walks strided: the analytical model counts a load per
 //! element of it (a gather), not one per vector.
 
-use fastsearch_core::model::analytical::estimate_cycles;
-use fastsearch_core::program::Program;
-use fastsearch_core::sketch::{CpuTarget, Genome, SketchSpace};
+use fastsearch_core::estimate_cycles;
+use fastsearch_core::Program;
+use fastsearch_core::{CpuTarget, Genome, SketchSpace};
 
 fn tbg() -> Program {
     let path = format!("{}/tests/fixtures/tbg_0.json", env!("CARGO_MANIFEST_DIR"));

@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use fastsearch_core::model::analytical::estimate_cycles;
-use fastsearch_core::program::Program;
-use fastsearch_core::rng::Rng;
-use fastsearch_core::schedule::apply_trace;
-use fastsearch_core::sketch::{emit, mutate, CpuTarget, Genome, Rule, SketchSpace, WriteCache};
+use fastsearch_core::apply_trace;
+use fastsearch_core::estimate_cycles;
+use fastsearch_core::Program;
+use fastsearch_core::Rng;
+use fastsearch_core::{emit, mutate, CpuTarget, Genome, Rule, SketchSpace, WriteCache};
 
 fn cbr() -> (String, Program) {
     let path = format!(

@@ -1,9 +1,9 @@
 //! The analytical model divides a kernel's work by the speedup its busy cores give: linear in
 //! the core count unless the target's measured `parallel_speedup` says the cores scale less.
 
-use fastsearch_core::model::analytical::estimate_cycles;
-use fastsearch_core::program::Program;
-use fastsearch_core::sketch::{CpuTarget, Genome, SketchSpace};
+use fastsearch_core::estimate_cycles;
+use fastsearch_core::Program;
+use fastsearch_core::{CpuTarget, Genome, SketchSpace};
 
 fn gmm() -> Program {
     let path = format!("{}/tests/fixtures/gmm_512.json", env!("CARGO_MANIFEST_DIR"));

@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use fastsearch_core::program::Program;
-use fastsearch_core::rng::Rng;
-use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
-use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
-use fastsearch_core::search::{coarse_shape, structure, Proposal, Role, SearchContext};
-use fastsearch_core::sketch::{CpuTarget, Genome, Rule, SketchSpace};
+use fastsearch_core::Program;
+use fastsearch_core::Rng;
+use fastsearch_core::{anneal, AnnealingConfig};
+use fastsearch_core::{coarse_shape, structure, Proposal, Role, SearchContext};
+use fastsearch_core::{evolve, EvolutionConfig};
+use fastsearch_core::{CpuTarget, Genome, Rule, SketchSpace};
 
 /// A program with its sketches, a 2-core target and the measured candidates.
 struct Fixture {

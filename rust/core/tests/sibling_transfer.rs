@@ -1,9 +1,9 @@
 //! Carrying a genome to a sibling program (blocks matched by name): a program is its own
 //! sibling, and a program with other blocks takes nothing.
 
-use fastsearch_core::program::Program;
-use fastsearch_core::rng::Rng;
-use fastsearch_core::sketch::{transfer, transfer_from_sibling, CpuTarget, SketchSpace};
+use fastsearch_core::Program;
+use fastsearch_core::Rng;
+use fastsearch_core::{transfer, transfer_from_sibling, CpuTarget, SketchSpace};
 
 fn fixture(name: &str) -> Program {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));

@@ -10,7 +10,7 @@ use crate::errors::guarded;
 /// Gradient-boosted trees trained by the XGBoost package (the booster's JSON, read once).
 #[pyclass(frozen, module = "fastsearch._core", name = "Forest")]
 pub struct Forest {
-    pub trees: Arc<fastsearch_core::model::Forest>,
+    pub trees: Arc<fastsearch_core::Forest>,
 }
 
 #[pymethods]
@@ -19,7 +19,7 @@ impl Forest {
     #[pyo3(text_signature = "(booster_json)")]
     fn new(py: Python<'_>, booster_json: String) -> PyResult<Self> {
         let trees = guarded(py, "Forest", move || {
-            fastsearch_core::model::Forest::from_json(&booster_json)
+            fastsearch_core::Forest::from_json(&booster_json)
         })?;
         Ok(Forest {
             trees: Arc::new(trees),

@@ -26,7 +26,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition::merge_fusion_groups, m)?)?;
     m.add(
         "SKETCH_FEATURE_NAMES",
-        fastsearch_core::model::sketch_features::SKETCH_FEATURE_NAMES.to_vec(),
+        fastsearch_core::SKETCH_FEATURE_NAMES.to_vec(),
     )?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

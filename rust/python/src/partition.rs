@@ -1,15 +1,15 @@
 //! Fusion of a whole model's operator graph: FuseOps' partition, the changes its rules never
 //! make, and merges of groups. One call per model, so the graph crosses as JSON.
 
-use fastsearch_core::partition::{
-    merge_groups, partition_json, proposals, Graph, Partition, PartitionConfig,
+use fastsearch_core::{
+    fusion_proposals as proposals, merge_groups, partition_json, Graph, Partition, PartitionConfig,
     DEFAULT_MAX_FUSE_DEPTH,
 };
 use pyo3::prelude::*;
 
 use crate::errors::guarded;
 
-/// Partitions a model's operator graph (JSON, see `fastsearch_core::partition::Graph`) into
+/// Partitions a model's operator graph (JSON, see `fastsearch_core::Graph`) into
 /// the fusion groups of TVM's Relax FuseOps: node indices per group, groups in emission order.
 #[pyfunction]
 #[pyo3(signature = (graph_json, max_fuse_depth = DEFAULT_MAX_FUSE_DEPTH))]

@@ -4,14 +4,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
-use fastsearch_core::model::analytical;
-use fastsearch_core::model::sketch_features::{sketch_features, SKETCH_FEATURES};
-use fastsearch_core::model::HybridScorer;
-use fastsearch_core::search::annealing::{anneal, AnnealingConfig};
-use fastsearch_core::search::evolution::{evolve, EvolutionConfig};
-use fastsearch_core::search::SearchContext;
-use fastsearch_core::sketch::{self, Genome, SketchSpace};
-use fastsearch_core::{features, schedule, Error};
+use fastsearch_core::{
+    analytical_scores, anneal, apply_trace_to, emit, evolve, extract_all, extract_traces,
+    program_summary, sample_genomes, sample_traces, sketch_features, transfer,
+    transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
+    SearchContext, SketchSpace, N_FEATURES, SKETCH_FEATURES,
+};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use rayon::prelude::*;
@@ -23,7 +21,7 @@ use crate::target::Target;
 /// The imported program and its sketch space, built on first use (replay and features do
 /// not need it).
 struct Imported {
-    program: fastsearch_core::program::Program,
+    program: fastsearch_core::Program,
     space: OnceLock<SketchSpace>,
 }
 
@@ -65,7 +63,7 @@ fn carry_over(
             let genome: Genome = serde_json::from_str(text).ok()?;
             let out = moved(&genome)?;
             Some((
-                sketch::emit(&imported.program, space, &out).to_string(),
+                emit(&imported.program, space, &out).to_string(),
                 genome_json(&out),
             ))
         })
@@ -81,7 +79,7 @@ impl Program {
     #[pyo3(text_signature = "(program_json)")]
     fn new(py: Python<'_>, program_json: String) -> PyResult<Self> {
         let program = guarded(py, "Program", move || {
-            fastsearch_core::program::Program::from_json(&program_json)
+            fastsearch_core::Program::from_json(&program_json)
         })?;
         Ok(Program {
             imported: Arc::new(Imported {
@@ -95,7 +93,7 @@ impl Program {
     fn summary(&self, py: Python<'_>) -> PyResult<String> {
         let imported = Arc::clone(&self.imported);
         guarded(py, "Program.summary", move || {
-            Ok(fastsearch_core::program::summary(&imported.program).to_string())
+            Ok(program_summary(&imported.program).to_string())
         })
     }
 
@@ -114,7 +112,7 @@ impl Program {
         let cpu = target.get().cpu.clone();
         guarded(py, "Program.sample_sketches", move || {
             let exclude: HashSet<String> = exclude.into_iter().collect();
-            Ok(sketch::sample(&imported.program, &cpu, n, seed, &exclude))
+            Ok(sample_traces(&imported.program, &cpu, n, seed, &exclude))
         })
     }
 
@@ -132,12 +130,10 @@ impl Program {
         let cpu = target.get().cpu.clone();
         guarded(py, "Program.sample_genomes", move || {
             let exclude: HashSet<String> = exclude.into_iter().collect();
-            Ok(
-                sketch::sample_genomes(&imported.program, &cpu, n, seed, &exclude)
-                    .into_iter()
-                    .map(|(k, g)| (k, genome_json(&g)))
-                    .collect(),
-            )
+            Ok(sample_genomes(&imported.program, &cpu, n, seed, &exclude)
+                .into_iter()
+                .map(|(k, g)| (k, genome_json(&g)))
+                .collect())
         })
     }
 
@@ -152,7 +148,7 @@ impl Program {
         let cpu = target.get().cpu.clone();
         guarded(py, "Program.analytical_scores", move || {
             let genomes = parse_genomes(&genomes)?;
-            Ok(analytical::score(
+            Ok(analytical_scores(
                 &imported.program,
                 imported.space(),
                 &genomes,
@@ -268,7 +264,7 @@ impl Program {
         guarded(py, "Program.transfer_genomes", move || {
             let space = imported.space();
             Ok(carry_over(&imported, &genomes, |g| {
-                sketch::transfer(&imported.program, space, g)
+                transfer(&imported.program, space, g)
             }))
         })
     }
@@ -286,7 +282,7 @@ impl Program {
         guarded(py, "Program.transfer_sibling_genomes", move || {
             let space = imported.space();
             Ok(carry_over(&imported, &genomes, |g| {
-                sketch::transfer_from_sibling(&source.program, &imported.program, space, g)
+                transfer_from_sibling(&source.program, &imported.program, space, g)
             }))
         })
     }
@@ -303,7 +299,7 @@ impl Program {
     ) -> PyResult<String> {
         let imported = Arc::clone(&self.imported);
         guarded(py, "Program.apply_trace", move || {
-            schedule::apply_trace_to(&imported.program, &trace_json, postprocess)
+            apply_trace_to(&imported.program, &trace_json, postprocess)
         })
     }
 
@@ -317,9 +313,9 @@ impl Program {
     ) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
         let imported = Arc::clone(&self.imported);
         let each = guarded(py, "Program.extract_features", move || {
-            features::extract_all(&imported.program, &trace_jsons)
+            extract_all(&imported.program, &trace_jsons)
         })?;
-        let n = features::N_FEATURES;
+        let n = N_FEATURES;
         // Each Vec moves into its array: no copy.
         each.into_iter()
             .map(|data| {
@@ -341,14 +337,12 @@ impl Program {
     ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
         let imported = Arc::clone(&self.imported);
         let rows = guarded(py, "Program.extract_features_each", move || {
-            Ok(
-                features::extract_traces(&imported.program, &trace_jsons, postprocess)
-                    .into_iter()
-                    .map(Result::ok)
-                    .collect::<Vec<_>>(),
-            )
+            Ok(extract_traces(&imported.program, &trace_jsons, postprocess)
+                .into_iter()
+                .map(Result::ok)
+                .collect::<Vec<_>>())
         })?;
-        let n = features::N_FEATURES;
+        let n = N_FEATURES;
         rows.into_iter()
             .map(|r| {
                 r.map(|data| {

@@ -1,6 +1,6 @@
 //! `Target`: the CPU facts the search and the analytical model use, built once per task.
 
-use fastsearch_core::sketch::CpuTarget;
+use fastsearch_core::CpuTarget;
 use pyo3::prelude::*;
 
 /// A CPU target as the search sees it: cores, SIMD width in bytes (32 for AVX2, 64 for

@@ -163,6 +163,14 @@ pub fn extract_traces(
         .collect()
 }
 
+/// The lowered program the features of one trace are read from, as text: the loops and stores
+/// after the modelled lowering passes, for reading why a feature has its value.
+pub fn lowered_text(program: &Program, trace_json: &str) -> Result<String> {
+    let mut st = State::from_program(program)?;
+    trace::apply_trace(&mut st, &Trace::from_json(trace_json)?, false)?;
+    Ok(lower::lower(&st)?.text(&st))
+}
+
 /// [`extract_traces`] from JSON, failing on the first candidate that fails (naming it): the
 /// features concatenated, with each trace's row count.
 pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f32>, Vec<usize>)> {

@@ -26,6 +26,8 @@ pub struct HybridScorer<'a> {
 }
 
 impl<'a> HybridScorer<'a> {
+    /// A scorer for `program`: the analytical estimate relative to `best_measured`'s (when there
+    /// is one), blended with `forest`'s prediction at `weight` (0: analytical only, 1: forest only).
     pub fn new(
         program: &Program,
         space: &SketchSpace,

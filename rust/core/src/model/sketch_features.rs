@@ -47,12 +47,15 @@ pub const SKETCH_FEATURE_NAMES: [&str; 35] = [
     "log_llvm_unrolled_steps",
 ];
 
+/// Length of a row of [`sketch_features`].
 pub const SKETCH_FEATURES: usize = SKETCH_FEATURE_NAMES.len();
 
 fn lg(x: f64) -> f32 {
     (x.max(0.0) + 1.0).log2() as f32
 }
 
+/// The features the learned model reads off a candidate: the analytical model's per-block
+/// estimates, summarised ([`SKETCH_FEATURE_NAMES`]).
 pub fn sketch_features(
     program: &Program,
     space: &SketchSpace,

@@ -46,6 +46,7 @@ impl Tree {
 pub struct Forest {
     trees: Vec<Tree>,
     base_score: f32,
+    /// Length of the feature rows the forest was trained on.
     pub num_features: usize,
 }
 
@@ -76,6 +77,7 @@ fn ints(tree: &Value, key: &str) -> Result<Vec<i64>> {
 }
 
 impl Forest {
+    /// Reads a booster saved by XGBoost as JSON (`Booster.save_raw("json")`).
     pub fn from_json(text: &str) -> Result<Forest> {
         let v: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         let learner = v.get("learner").ok_or_else(|| bad("no `learner`"))?;

@@ -63,6 +63,7 @@ impl OpPattern {
 pub struct OpNode {
     /// A label for the caller (the PrimFunc called, for Relax); not used by the rules.
     pub name: String,
+    /// Its TIR op-pattern kind, which decides what it may fuse with.
     pub pattern: OpPattern,
     /// The operators whose results this one reads, one entry per use (indices of earlier
     /// nodes; a repeated input is a repeated edge, as in TVM).
@@ -73,6 +74,7 @@ pub struct OpNode {
 }
 
 impl OpNode {
+    /// An operator that is not a function output.
     pub fn new(name: impl Into<String>, pattern: OpPattern, inputs: Vec<usize>) -> Self {
         OpNode {
             name: name.into(),
@@ -161,18 +163,22 @@ impl Graph {
         Graph::new(nodes)
     }
 
+    /// Number of operators.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
 
+    /// Whether the graph has no operator.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
 
+    /// The operator at `index` (panics when out of range, like slice indexing).
     pub fn node(&self, index: usize) -> &OpNode {
         &self.nodes[index]
     }
 
+    /// Every operator, in topological order.
     pub fn nodes(&self) -> &[OpNode] {
         &self.nodes
     }

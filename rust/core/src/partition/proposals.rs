@@ -19,12 +19,16 @@ use std::collections::BTreeSet;
 /// What a [`Proposal`] changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ProposalKind {
+    /// A producer group merged into its only consumer group.
     Prologue,
+    /// A consumer group merged into the group it reads.
     Epilogue,
+    /// Sibling groups that read the same input, merged side by side.
     Horizontal,
 }
 
 impl ProposalKind {
+    /// The kind's name as the Python side reports it.
     pub fn name(self) -> &'static str {
         match self {
             ProposalKind::Prologue => "prologue",
@@ -37,7 +41,9 @@ impl ProposalKind {
 /// One change: the groups (indices into the partition's groups, ascending) to merge into one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Proposal {
+    /// What the change is.
     pub kind: ProposalKind,
+    /// The groups to merge, ascending.
     pub groups: Vec<usize>,
 }
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 pub use arith::OpCounts;
-pub use expr::{Affine, BinOp, Expr};
+pub use expr::{BinOp, Expr};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Buffer {
@@ -171,12 +171,18 @@ pub enum Node {
     Block(BlockRealize),
 }
 
+/// A TIR function as the engine sees it: buffers, blocks and the loop tree under the root block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Program {
+    /// The function's name.
     pub name: String,
+    /// The buffers the function takes, in argument order (indices into `buffers`).
     pub params: Vec<usize>,
+    /// Every buffer: parameters and intermediates.
     pub buffers: Vec<Buffer>,
+    /// Every block, in program order.
     pub blocks: Vec<Block>,
+    /// The root block, whose body is the loop tree.
     pub root: BlockRealize,
 }
 
@@ -186,6 +192,7 @@ impl Program {
         import::program_from_json(text)
     }
 
+    /// Index of the block named `name`.
     pub fn block_by_name(&self, name: &str) -> Option<usize> {
         self.blocks.iter().position(|b| b.name == name)
     }

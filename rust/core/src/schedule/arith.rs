@@ -127,11 +127,6 @@ pub fn atom_bounds(e: &Expr, ranges: &Ranges) -> Option<(i64, i64)> {
     }
 }
 
-/// Bounds of an expression under `ranges`.
-pub fn bounds(e: &Expr, ranges: &Ranges) -> Option<(i64, i64)> {
-    linear(e, ranges)?.bounds(&|x| atom_bounds(x, ranges))
-}
-
 /// Splits `l` into `k * q + r` with every coefficient of `r` in `[0, k)`.
 fn div_split(l: &Lin, k: i64) -> (Lin, Lin) {
     let mut q = Lin::constant(l.constant.div_euclid(k));

@@ -25,7 +25,7 @@ pub mod trace;
 mod tests;
 
 pub use state::State;
-pub use trace::{Instruction, Replayer, Trace};
+pub use trace::Trace;
 
 use crate::error::Result;
 use crate::program::Program;

@@ -55,7 +55,6 @@ impl SBlock {
 
 #[derive(Clone, Debug)]
 pub struct State {
-    pub name: String,
     pub params: Vec<usize>,
     pub buffers: Vec<Buffer>,
     pub loops: Vec<SLoop>,
@@ -70,7 +69,6 @@ impl State {
     pub fn from_program(p: &Program) -> Result<State> {
         let root_block = &p.blocks[p.root.block];
         let mut st = State {
-            name: p.name.clone(),
             params: p.params.clone(),
             buffers: p.buffers.clone(),
             loops: Vec::new(),
@@ -442,17 +440,5 @@ impl State {
     pub fn add_buffer(&mut self, buffer: Buffer) -> usize {
         self.buffers.push(buffer);
         self.buffers.len() - 1
-    }
-
-    /// A block name not used yet (TVM keeps names unique within a function).
-    pub fn unique_block_name(&self, base: &str) -> String {
-        let taken = |n: &str| self.blocks.iter().any(|b| b.alive && b.block.name == n);
-        if !taken(base) {
-            return base.to_string();
-        }
-        (1..)
-            .map(|i| format!("{base}_{i}"))
-            .find(|n| !taken(n))
-            .unwrap_or_else(|| base.to_string())
     }
 }

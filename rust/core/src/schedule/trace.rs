@@ -14,16 +14,23 @@ use crate::error::{Error, Result};
 use crate::program::LoopKind;
 use crate::rng::Rng;
 
+/// One instruction of a trace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instruction {
+    /// The instruction's kind, as MetaSchedule names it (`Split`, `ComputeAt`, ...).
     pub kind: String,
+    /// Random variables of earlier instructions (by name) and literals.
     pub inputs: Vec<Value>,
+    /// The instruction's attributes, in MetaSchedule's order.
     pub attrs: Vec<Value>,
+    /// Names of the random variables it defines.
     pub outputs: Vec<String>,
 }
 
+/// A MetaSchedule trace: its instructions and the decisions of its sampling instructions.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Trace {
+    /// The instructions, in order.
     pub insts: Vec<Instruction>,
     /// Decision per instruction index.
     pub decisions: Vec<(usize, Value)>,
@@ -34,11 +41,13 @@ fn bad(msg: impl Into<String>) -> Error {
 }
 
 impl Trace {
+    /// Reads a trace's JSON text (`[instructions, decisions]`).
     pub fn from_json(text: &str) -> Result<Trace> {
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("trace JSON: {e}")))?;
         Trace::from_value(&v)
     }
 
+    /// Reads a trace from its parsed JSON.
     pub fn from_value(v: &Value) -> Result<Trace> {
         let top = v
             .as_array()
@@ -109,6 +118,7 @@ impl Trace {
         Ok(out)
     }
 
+    /// The trace's JSON form, as [`Trace::from_value`] reads it.
     pub fn to_value(&self) -> Value {
         let insts: Vec<Value> = self
             .insts
@@ -119,6 +129,7 @@ impl Trace {
         json!([insts, decisions])
     }
 
+    /// The decision recorded for instruction `i`.
     pub fn decision(&self, i: usize) -> Option<&Value> {
         self.decisions.iter().find(|(j, _)| *j == i).map(|(_, d)| d)
     }

@@ -10,10 +10,16 @@ use super::{fill_random, identity, pick, Proposal, Scorer, SearchContext};
 use crate::rng::Rng;
 use crate::sketch::{mutate, Genome};
 
+/// Knobs of [`anneal`].
 #[derive(Clone, Debug)]
 pub struct AnnealingConfig {
+    /// Independent chains (at least the batch size): the first quarter start from the seeds
+    /// given, the others from random candidates.
     pub chains: usize,
+    /// Mutations tried per chain.
     pub steps: usize,
+    /// Temperature of the first step, relative to the spread of the starting scores; it cools
+    /// linearly to zero.
     pub start_temperature: f64,
 }
 
@@ -27,6 +33,8 @@ impl Default for AnnealingConfig {
     }
 }
 
+/// Proposes up to `n` unmeasured candidates by simulated annealing from `seeds` (measured
+/// genomes, best first) and random starts, best scored first.
 pub fn anneal(
     ctx: &SearchContext<'_>,
     scorer: &dyn Scorer,

@@ -11,22 +11,28 @@ use super::{
 use crate::rng::Rng;
 use crate::sketch::{crossover, mutate, Genome};
 
+/// Knobs of [`evolve`].
 #[derive(Clone, Debug)]
 pub struct EvolutionConfig {
+    /// Candidates per generation.
     pub population: usize,
+    /// Generations before the batch is picked.
     pub generations: usize,
     /// Share of the initial population taken from the best measured candidates.
     pub measured_share: f64,
+    /// Chance that a child is a crossover of two parents rather than a mutation of one.
     pub crossover_prob: f64,
     /// Share of each returned batch drawn at random instead of by score (exploration).
     pub epsilon: f64,
     /// Share of each batch given, once `novel_after` candidates are measured, to the best-scored
     /// candidates of coarse shapes (rules and outer tiles) not measured yet, one per shape.
     pub novel_share: f64,
+    /// Measured candidates after which `novel_share` and `structure_share` apply.
     pub novel_after: usize,
     /// Share of each batch given, from the same point on, to the best-scored candidates of
     /// structures (rules) measured fewer than `structure_tries` times, one per structure.
     pub structure_share: f64,
+    /// Measurements after which a structure no longer counts as untried.
     pub structure_tries: usize,
 }
 

@@ -17,6 +17,7 @@ use crate::sketch::{emit, CpuTarget, Genome, SketchSpace};
 
 /// Predicts how good candidates are: higher is better (a predicted throughput).
 pub trait Scorer: Sync {
+    /// The score of each genome, in order.
     fn score(&self, program: &Program, space: &SketchSpace, genomes: &[Genome]) -> Vec<f64>;
 }
 
@@ -32,9 +33,13 @@ where
 /// What a search needs: the program, its sketches, the target and the candidates already
 /// measured (by key, the trace JSON), which are never proposed again.
 pub struct SearchContext<'a> {
+    /// The program searched.
     pub program: &'a Program,
+    /// Its sketch space.
     pub space: &'a SketchSpace,
+    /// The CPU the candidates are for.
     pub target: &'a CpuTarget,
+    /// Measured candidates: key (trace JSON) to latency in seconds.
     pub measured: &'a HashMap<String, f64>,
 }
 
@@ -54,6 +59,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name as the Python side reports it.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Exploit => "exploit",
@@ -67,9 +73,13 @@ impl Role {
 /// A proposed candidate: its key (trace JSON), its genome, its predicted score and its role.
 #[derive(Clone, Debug)]
 pub struct Proposal {
+    /// The candidate's trace JSON, which also keys it among the measured.
     pub key: String,
+    /// The candidate itself.
     pub genome: Genome,
+    /// Its predicted score (higher is better).
     pub score: f64,
+    /// Why it is in the batch.
     pub role: Role,
 }
 

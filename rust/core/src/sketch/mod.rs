@@ -27,7 +27,7 @@ pub use analysis::{analyze, BlockInfo};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
-pub use transfer::{refit_factors, transfer, transfer_from_sibling};
+pub use transfer::{transfer, transfer_from_sibling};
 
 use crate::program::{Expr, IterKind, Program};
 use crate::rng::Rng;
@@ -36,6 +36,7 @@ use crate::schedule::arith::{linear, Lin, Ranges};
 /// What sketches need to know about a CPU target.
 #[derive(Clone, Debug)]
 pub struct CpuTarget {
+    /// Cores the kernels run on.
     pub num_cores: i64,
     /// SIMD register width in bytes (32 for AVX2, 64 for AVX-512): what the cost model assumes.
     pub vector_bytes: i64,
@@ -49,6 +50,7 @@ pub struct CpuTarget {
 }
 
 impl CpuTarget {
+    /// A target of `num_cores` cores (at least one), AVX2-wide, 2 FMAs per cycle, scaling linearly.
     pub fn new(num_cores: i64) -> Self {
         let num_cores = num_cores.max(1);
         CpuTarget {
@@ -80,11 +82,13 @@ impl CpuTarget {
         1.0 + (self.parallel_speedup - 1.0) * (busy - 1.0).max(0.0) / (cores - 1.0)
     }
 
+    /// The same target with `bytes`-wide vectors (clamped to 8..=256).
     pub fn with_vector_bytes(mut self, bytes: i64) -> Self {
         self.vector_bytes = bytes.clamp(8, 256);
         self
     }
 
+    /// The same target issuing `fmas` vector FMAs per cycle (clamped to 0.25..=8; 2 if not finite).
     pub fn with_fma_per_cycle(mut self, fmas: f64) -> Self {
         self.fma_per_cycle = if fmas.is_finite() {
             fmas.clamp(0.25, 8.0)
@@ -116,24 +120,33 @@ pub const PADDING_ROOT_PROB: f64 = 0.2;
 /// The structural rule chosen for one block.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Rule {
+    /// Computed inside its consumers.
     Inline,
     /// Multi-level tiling; `cache` says where results are written back.
     Tile {
+        /// Where the results are written.
         cache: WriteCache,
+        /// Which tile level the write-back (or the fused consumer) sits under.
         level: usize,
     },
     /// rfactor of the fused reduction loop (`outer`: the outer split becomes the partial axis);
     /// `at`, when set, computes the partial and the final reduction under loop `depth` of
     /// block `host`, beside the consumer that reads them (absent in genomes stored before).
     RFactor {
+        /// Whether the outer split of the reduction loop becomes the partial axis.
         outer: bool,
+        /// `(host, depth)`: the block and loop depth the reduction is computed under.
         #[serde(default)]
         at: Option<(usize, usize)>,
     },
+    /// Computed under a loop of a consumer block.
     ComputeAt {
+        /// The block whose loop it goes under.
         host: usize,
+        /// Which of that block's loops (0: outermost).
         depth: usize,
     },
+    /// Left at the root as it is, for the postprocessors' parallelization and vectorization.
     Root,
 }
 
@@ -148,10 +161,14 @@ impl Rule {
     }
 }
 
+/// Where a tiled block writes its results.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum WriteCache {
+    /// Straight into its output buffer.
     None,
+    /// Into a cache written back under the tiles (`cache_write` at `global` scope).
     Global,
+    /// Into its output, with this consumer block (an epilogue) computed under its tiles.
     FusedConsumer(usize),
 }
 
@@ -159,6 +176,7 @@ pub enum WriteCache {
 /// annotations. [`emit`] turns it into a trace; mutation and crossover work on it directly.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Genome {
+    /// The rule of each scheduled block, by block index.
     pub rules: BTreeMap<usize, Rule>,
     /// Per tiled block, the factors of each of its loops (outermost first); per rfactored
     /// block, the two factors of its fused reduction loop.
@@ -174,6 +192,7 @@ pub struct Genome {
 /// The rules that apply to each block, in program order of the leaf blocks.
 #[derive(Clone, Debug)]
 pub struct SketchSpace {
+    /// What the analysis found out about each leaf block.
     pub infos: Vec<BlockInfo>,
     /// Blocks every candidate inlines.
     pub inlined: HashSet<usize>,
@@ -184,6 +203,7 @@ pub struct SketchSpace {
 }
 
 impl SketchSpace {
+    /// Analyzes `program` and decides which blocks every candidate inlines.
     pub fn new(program: &Program) -> SketchSpace {
         let infos = analyze(program);
         // Inline first, consumers before producers, as long as someone still reads the result.
@@ -209,6 +229,7 @@ impl SketchSpace {
         }
     }
 
+    /// The analysis of block `block` (panics for a block that is not a leaf).
     pub fn info(&self, block: usize) -> &BlockInfo {
         self.infos
             .iter()

@@ -49,10 +49,6 @@ impl TraceBuilder {
         self.push("ComputeInline", vec![json!(block)], vec![], &[]);
     }
 
-    pub fn reverse_compute_inline(&mut self, block: &str) {
-        self.push("ReverseComputeInline", vec![json!(block)], vec![], &[]);
-    }
-
     /// `SamplePerfectTile` with its decision, then `Split` by the sampled factors.
     pub fn sample_and_split(
         &mut self,
