@@ -47,28 +47,45 @@ def test_blocked_models_compute_the_reference_outputs(name: str, layout: str) ->
     _close(_run(fused, list(feeds.values())), ref)
 
 
-def test_mobilenet_runs_blocked_from_the_first_depthwise_conv_to_the_head() -> None:
+def test_mobilenet_runs_blocked_from_the_stem_to_the_head() -> None:
     model = onnx_zoo.build("mobilenet-v2-small")
     report = InferenceReport()
     mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
-    # 10 convolutions: the stem reads 3 channels and stays NCHW; the other 9, the three
-    # depthwise ones among them, run blocked.
-    assert report.blocked_convs == 9
+    # 10 convolutions, all writing blocked channels: the stem reads the 3-channel input as it
+    # is (NCHW); the other 9, the three depthwise ones among them, read blocked channels too.
+    assert report.blocked_convs == 10
     _, tasks = extract_tasks(mod)
     names = [t.name for t in tasks if t.skip is None]
     convs = [t for t in tasks if "conv2d" in t.name]
     assert len(convs) == 10, names
-    blocked = [t for t in convs if len(t.func.params[-1].shape) == 5]
-    assert len(blocked) == 9, names
-    # Each blocked conv keeps its whole epilogue (bias, ReLU6, residual add) in its kernel; the
-    # global pooling runs blocked too, so the activations change layout after the stem and
-    # only the pooled 128 values change back.
-    assert all("_add" in t.name for t in blocked), names
+    assert all(len(t.func.params[-1].shape) == 5 for t in convs), names
+    stems = [t for t in convs if len(t.func.params[0].shape) == 4]
+    assert len(stems) == 1 and int(stems[0].func.params[0].shape[1]) == 3, names
+    # Each conv keeps its whole epilogue (bias, ReLU6, residual add) in its kernel; the global
+    # pooling runs blocked too, so the only layout change is of the pooled 128 values.
+    assert all("_add" in t.name for t in convs), names
     mean = next(t for t in tasks if t.name.startswith("mean"))
     assert len(mean.func.params[0].shape) == 5, names
     transforms = [t for t in tasks if "layout_transform" in t.name]
-    assert len(transforms) == 2 and len(transforms[0].func.params[0].shape) == 4, names
-    assert int(np.prod([int(d) for d in transforms[1].func.params[0].shape])) == 128, names
+    assert len(transforms) == 1, names
+    assert int(np.prod([int(d) for d in transforms[0].func.params[0].shape])) == 128, names
+
+
+def test_resnet_pools_blocked_after_its_stem() -> None:
+    model = onnx_zoo.build("resnet-18-small")
+    feeds = onnx_zoo.model_input(model)
+    report = InferenceReport()
+    mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
+    _, tasks = extract_tasks(mod)
+    names = [t.name for t in tasks if t.skip is None]
+    pool = next(t for t in tasks if t.name.startswith("max_pool2d"))
+    assert len(pool.func.params[0].shape) == 5, names
+    convs = [t for t in tasks if "conv2d" in t.name]
+    # Every one of the 20 convolutions (tasks count repeated ones once) writes blocked channels.
+    assert report.blocked_convs == sum(t.weight for t in convs) == 20, names
+    assert all(len(t.func.params[-1].shape) == 5 for t in convs), names
+    assert len([t for t in tasks if "layout_transform" in t.name]) == 1, names
+    _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
 
 
 def test_channels_the_block_does_not_divide_stay_as_they_are() -> None:

@@ -7,11 +7,13 @@ every per-channel epilogue can vectorize along channels, whose counts are multip
 networks people run.
 
 :func:`block_channels` rewrites a Relax model (after the inference pipeline's folds, before
-legalization) so that every convolution whose input and output channels ``b`` divides, and every
-elementwise operation between such tensors and per-channel or scalar constants, runs blocked.
-Weights are re-laid out here, once (``OIHW{b}i{b}o``; depthwise ``OIHW1i{b}o``). Activations are
-transformed where a blocked tensor meets an operation that is not converted (the reshape after
-global pooling, say) and where a blocked convolution reads an unblocked tensor (the stem's output):
+legalization) so that every convolution whose input and output channels ``b`` divides, every
+elementwise operation between such tensors and per-channel or scalar constants, max pooling and
+global average pooling run blocked. A stem, whose 3 input channels ``b`` does not divide, reads
+its NCHW input as it is and writes blocked channels (kernel ``OIHW{b}o``), so the image is never
+transformed. Weights are re-laid out here, once (``OIHW{b}i{b}o``; depthwise ``OIHW1i{b}o``).
+Activations are transformed where a blocked tensor meets an operation that is not converted (the
+reshape after global pooling, say) and where a blocked convolution reads an unblocked tensor:
 each such transform is a small kernel of its own. TOPI cannot legalize blocked
 convolutions in Relax, so :func:`legalize_blocked_conv2d` gives them a TE compute with separate
 channel-chunk and channel-block reduction axes: affine accesses, which fastsearch's sketches tile.
@@ -184,23 +186,30 @@ class _Blocker:
         b, groups = self.b, int(a.groups)
         cout, cin = weight.shape[0], _shape(data)[1]  # type: ignore[index]
         depthwise = groups == cin == cout
-        if cout % b or cin % b or not (groups == 1 or depthwise):
+        # A stem reads 3 channels: its input stays NCHW and only its output is blocked, each
+        # input value broadcast against a vector of output channels.
+        plain_in = groups == 1 and cin % b != 0
+        if cout % b or (cin % b and not plain_in) or not (groups == 1 or depthwise):
             return False
         kh, kw = weight.shape[2], weight.shape[3]
-        if depthwise:  # (C, 1, KH, KW) -> (C/b, 1, KH, KW, 1, b)
+        data_in, data_layout = (self.remap(data), "NCHW") if plain_in else (self.blocked_of(data), f"NCHW{b}c")
+        if plain_in:  # (O, I, KH, KW) -> (O/b, I, KH, KW, b)
+            w6 = weight.reshape(cout // b, b, cin, kh, kw).transpose(0, 2, 3, 4, 1)
+            kernel_layout = f"OIHW{b}o"
+        elif depthwise:  # (C, 1, KH, KW) -> (C/b, 1, KH, KW, 1, b)
             w6 = weight.reshape(cout // b, b, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
             kernel_layout = f"OIHW1i{b}o"
         else:  # (O, I, KH, KW) -> (O/b, I/b, KH, KW, b_i, b_o)
             w6 = weight.reshape(cout // b, b, cin // b, b, kh, kw).transpose(0, 2, 4, 5, 3, 1)
             kernel_layout = f"OIHW{b}i{b}o"
         conv = relax.op.nn.conv2d(
-            self.blocked_of(data),
+            data_in,
             relax.const(np.ascontiguousarray(w6, dtype="float32")),
             strides=a.strides,
             padding=a.padding,
             dilation=a.dilation,
             groups=groups,
-            data_layout=f"NCHW{b}c",
+            data_layout=data_layout,
             kernel_layout=kernel_layout,
             out_layout=f"NCHW{b}c",
         )
@@ -257,6 +266,28 @@ class _Blocker:
         self.emit_twin(var, relax.op.mean(self.blocked[data], axis=[2, 3], keepdims=True))
         return True
 
+    def max_pool(self, var: relax.Var, call: relax.Call) -> bool:
+        """2-D max pooling of a blocked tensor, blocked (TOPI pools any ``NCHW{b}c`` layout)."""
+        data, a = call.args[0], call.attrs
+        if not (isinstance(data, relax.Var) and data in self.blocked):
+            return False
+        if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
+            return False
+        layout = f"NCHW{self.b}c"
+        pooled = relax.op.nn.max_pool2d(
+            self.blocked[data],
+            pool_size=[int(x) for x in a.pool_size],
+            strides=[int(x) for x in a.strides],
+            padding=[int(x) for x in a.padding],
+            dilation=[int(x) for x in a.dilation],
+            ceil_mode=bool(a.ceil_mode),
+            count_include_pad=bool(a.count_include_pad),
+            layout=layout,
+            out_layout=layout,
+        )
+        self.emit_twin(var, pooled)
+        return True
+
     def binding(self, binding: relax.Binding) -> None:
         var, value = binding.var, binding.value
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
@@ -266,6 +297,8 @@ class _Blocker:
             if (name in _BINARY or name in _UNARY) and self.elementwise(var, name, list(value.args)):
                 return
             if name == "relax.mean" and self.spatial_mean(var, value):
+                return
+            if name == "relax.nn.max_pool2d" and self.max_pool(var, value):
                 return
             clip = _scalar_clip_op(self.mod, value)
             if clip is not None:
@@ -350,10 +383,46 @@ def _blocked_conv_te(
     )
 
 
+def _plain_in_conv_te(
+    data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any, dilation: Any
+) -> te.Tensor:
+    """A convolution from NCHW to ``NCHW{b}c`` (kernel ``OIHW{b}o``): each input value times a
+    vector of ``b`` output channels."""
+    n, _, h, w = (int(d) for d in data.shape)
+    oc, cin, kh, kw, b = (int(d) for d in kernel.shape)
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    pt, pl, pb, pr = (int(p) for p in padding)
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
+    rc = te.reduce_axis((0, cin), name="rc")
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    return te.compute(
+        (n, oc, oh, ow, b),
+        lambda i, c, y, x, cb: te.sum(
+            data[i, rc, y * sh + rh * dh, x * sw + rw * dw] * kernel[c, rc, rh, rw, cb], axis=[rc, rh, rw]
+        ),
+        name="conv2d_nchwc",
+    )
+
+
 def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``LegalizeOps``' rule for ``relax.nn.conv2d``: blocked layouts get fastsearch's TE compute,
     every other layout TVM's own rule."""
     a = call.attrs
+    out_block = blocked_layout(str(a.out_layout))
+    if (
+        out_block is not None
+        and str(a.data_layout) == "NCHW"
+        and int(a.groups) == 1
+        and str(a.kernel_layout) == f"OIHW{out_block}o"
+    ):
+        return bb.call_te(
+            _plain_in_conv_te, call.args[0], call.args[1], a.strides, a.padding, a.dilation, primfunc_name_hint="conv2d"
+        )
     block = blocked_layout(str(a.data_layout))
     data = _shape(call.args[0])
     channels = data[1] * data[4] if data is not None and len(data) == 5 else None
