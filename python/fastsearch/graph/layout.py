@@ -192,7 +192,9 @@ class _Blocker:
         if cout % b or (cin % b and not plain_in) or not (groups == 1 or depthwise):
             return False
         kh, kw = weight.shape[2], weight.shape[3]
-        data_in, data_layout = (self.remap(data), "NCHW") if plain_in else (self.blocked_of(data), f"NCHW{b}c")
+        data_in, data_layout = (
+            (self.remap(data), "NCHW") if plain_in else (self.blocked_of(data), f"NCHW{b}c")
+        )
         if plain_in:  # (O, I, KH, KW) -> (O/b, I, KH, KW, b)
             w6 = weight.reshape(cout // b, b, cin, kh, kw).transpose(0, 2, 3, 4, 1)
             kernel_layout = f"OIHW{b}o"
@@ -421,7 +423,13 @@ def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
         and str(a.kernel_layout) == f"OIHW{out_block}o"
     ):
         return bb.call_te(
-            _plain_in_conv_te, call.args[0], call.args[1], a.strides, a.padding, a.dilation, primfunc_name_hint="conv2d"
+            _plain_in_conv_te,
+            call.args[0],
+            call.args[1],
+            a.strides,
+            a.padding,
+            a.dilation,
+            primfunc_name_hint="conv2d",
         )
     block = blocked_layout(str(a.data_layout))
     data = _shape(call.args[0])
