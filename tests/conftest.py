@@ -4,7 +4,7 @@ A test that tunes, builds and times candidates, or compiles and runs whole model
 ``tuning``: every test of the modules in ``TUNING_MODULES``, and tests elsewhere marked
 ``@pytest.mark.tuning`` one by one. A differential test over many inputs that takes tens of
 seconds is marked ``slow``. ``scripts/test --quick`` deselects both (``-m "not tuning and not
-slow"``) and runs the unit tests in about three minutes on 2 cores; the full suite (``scripts/test``) runs
+slow"``) and runs the unit tests in about two minutes on 2 cores; the full suite (``scripts/test``) runs
 everything and is what CI and the README run.
 """
 

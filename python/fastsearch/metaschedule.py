@@ -43,7 +43,7 @@ from fastsearch import _core, errors
 from fastsearch.costmodel.features import N_FEATURES, extract_features_json
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
-from fastsearch.ir.loop_nest import trace_text
+from fastsearch.ir.loop_nest import trace_text, traces_text
 from fastsearch.ir.tir_import import main_function, program_json
 from fastsearch.search.sample import fresh_copy
 
@@ -115,7 +115,7 @@ def store_features(
 
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
     when ``fallback`` (same layout), else its engine error is raised."""
-    texts = [trace_text(c.sch.trace) for c in candidates]
+    texts = traces_text([c.sch.trace for c in candidates])
     rows = _engine_features(_program(context.mod), texts)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
     if bad and not fallback:
@@ -491,7 +491,7 @@ class SearchStrategy(PySearchStrategy):
         replay, and scores the rest with the cost model."""
         todo = [i for i in individuals if i.pooled is None]
         if todo:
-            rows = _engine_features(self.program, [trace_text(i.schedule.trace) for i in todo])
+            rows = _engine_features(self.program, traces_text([i.schedule.trace for i in todo]))
             errors = [r for r in rows if isinstance(r, FastsearchError)]
             self.stats.unreplayable[self.task] = self.stats.unreplayable.get(self.task, 0) + len(errors)
             if errors:

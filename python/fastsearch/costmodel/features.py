@@ -17,7 +17,7 @@ from tvm.s_tir import Trace
 
 from fastsearch import _core
 from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
-from fastsearch.ir.loop_nest import trace_json, trace_text
+from fastsearch.ir.loop_nest import trace_json, traces_text
 from fastsearch.ir.target import resolve_target
 from fastsearch.ir.tir_import import main_function, program_json
 
@@ -108,10 +108,11 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
         if "gpu" in [str(k) for k in t.keys]:
             raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
     _, func = main_function(mod)
-    # TVM Traces through TraceAsJSON in one pass (a quarter faster than as_json and a second
-    # conversion); their as_json() values as they are.
+    # TVM Traces all at once through TVM's C++ JSON writer; as_json() values as they are.
+    converted = iter(traces_text([t for t in traces if isinstance(t, Trace)]))
     texts = [
-        t if isinstance(t, str) else trace_text(t) if isinstance(t, Trace) else trace_json(t) for t in traces
+        next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
+        for t in traces
     ]
     program = _core.Program(program_json(func))
     try:

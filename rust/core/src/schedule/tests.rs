@@ -233,3 +233,14 @@ proptest! {
         prop_assert!(matches!(st.top[0], Child::Loop(_)));
     }
 }
+
+#[test]
+fn a_database_line_reads_as_its_trace() {
+    let trace = r#"[[["GetSBlock",[],["C","main"],["b0"]]],[]]"#;
+    let line = format!("[0, [{trace}, [1.5e-05], null, null]]");
+    assert_eq!(
+        Trace::from_json(&line).unwrap(),
+        Trace::from_json(trace).unwrap()
+    );
+    assert!(Trace::from_json("[0, []]").is_err());
+}

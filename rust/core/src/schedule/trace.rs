@@ -41,7 +41,8 @@ fn bad(msg: impl Into<String>) -> Error {
 }
 
 impl Trace {
-    /// Reads a trace's JSON text (`[instructions, decisions]`).
+    /// Reads a trace's JSON text (`[instructions, decisions]`, or a MetaSchedule database line
+    /// holding one).
     pub fn from_json(text: &str) -> Result<Trace> {
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("trace JSON: {e}")))?;
         Trace::from_value(&v)
@@ -52,6 +53,15 @@ impl Trace {
         let top = v
             .as_array()
             .ok_or_else(|| bad("a trace must be [instructions, decisions]"))?;
+        // A line of a MetaSchedule JSON database, `[workload index, [trace, run_secs, target,
+        // args_info]]`, stands for its trace: TVM's C++ writer makes these far faster than a
+        // trace can be walked from Python.
+        if let [Value::Number(_), Value::Array(record)] = top.as_slice() {
+            return match record.first() {
+                Some(trace) => Trace::from_value(trace),
+                None => Err(bad("a database record without a trace")),
+            };
+        }
         let (insts, decisions) = match top.as_slice() {
             [i, d] => (i, d),
             [i] => (i, &Value::Null),
