@@ -349,19 +349,30 @@ def block_channels(mod: tvm.IRModule, block: int = 8) -> tuple[tvm.IRModule, int
     return relax.transform.DeadCodeElimination()(out), converted
 
 
-def _blocked_conv_te(
-    data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any, dilation: Any, depthwise: bool
-) -> te.Tensor:
-    n, cc, h, w, b = (int(d) for d in data.shape)
-    oc = int(kernel.shape[0])
-    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
+def _padded_window(
+    data: te.Tensor, kh: int, kw: int, strides: Any, padding: Any, dilation: Any
+) -> tuple[te.Tensor, int, int, tuple[int, int, int, int]]:
+    """``data`` (N, C, H, W, ...) padded for a ``kh`` x ``kw`` window, the output height and
+    width, and the window's strides and dilations ``(sh, sw, dh, dw)``."""
+    h, w = (int(d) for d in data.shape[2:4])
     sh, sw = (int(s) for s in strides)
     dh, dw = (int(d) for d in dilation)
     pt, pl, pb, pr = (int(p) for p in padding)
     oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
     ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl, 0], [0, 0, pb, pr, 0], name="pad_temp")
+        rest = [0] * (len(data.shape) - 4)
+        data = topi.nn.pad(data, [0, 0, pt, pl, *rest], [0, 0, pb, pr, *rest], name="pad_temp")
+    return data, oh, ow, (sh, sw, dh, dw)
+
+
+def _blocked_conv_te(
+    data: te.Tensor, kernel: te.Tensor, strides: Any, padding: Any, dilation: Any, depthwise: bool
+) -> te.Tensor:
+    n, cc, _, _, b = (int(d) for d in data.shape)
+    oc = int(kernel.shape[0])
+    kh, kw = int(kernel.shape[2]), int(kernel.shape[3])
+    data, oh, ow, (sh, sw, dh, dw) = _padded_window(data, kh, kw, strides, padding, dilation)
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     if depthwise:
@@ -390,15 +401,9 @@ def _plain_in_conv_te(
 ) -> te.Tensor:
     """A convolution from NCHW to ``NCHW{b}c`` (kernel ``OIHW{b}o``): each input value times a
     vector of ``b`` output channels."""
-    n, _, h, w = (int(d) for d in data.shape)
+    n = int(data.shape[0])
     oc, cin, kh, kw, b = (int(d) for d in kernel.shape)
-    sh, sw = (int(s) for s in strides)
-    dh, dw = (int(d) for d in dilation)
-    pt, pl, pb, pr = (int(p) for p in padding)
-    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
-    if pt or pl or pb or pr:
-        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="pad_temp")
+    data, oh, ow, (sh, sw, dh, dw) = _padded_window(data, kh, kw, strides, padding, dilation)
     rc = te.reduce_axis((0, cin), name="rc")
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
