@@ -101,6 +101,17 @@ def test_invalid_trace_json_names_the_trace():
     _raises(InvalidTrace, lambda: loop_nest_from_trace(func, '{"insts": 3}'), "invalid trace")
 
 
+def test_a_failing_trace_in_a_later_chunk_is_named_by_its_place():
+    # TVM Traces are converted and replayed a chunk at a time: the failing one is still named by
+    # its place in the whole list. A trace of another function fails on this one's blocks.
+    func = small("GMM")
+    good = Schedule(_normalize_mod(func)).trace
+    conv = Schedule(_normalize_mod(small("C1D")))
+    conv.get_sblock("conv1d_nlc")
+    traces = [good] * 11 + [conv.trace]
+    _raises(ScheduleError, lambda: extract_features(func, traces), "trace 11 of 12")
+
+
 def test_sampler_returning_garbage_is_malformed_input(tmp_path):
     _raises(
         MalformedInput,

@@ -22,7 +22,7 @@ from fastsearch.costmodel.features import (
 )
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_json
-from fastsearch.ir.tir_import import program_json
+from fastsearch.ir.tir_import import imported_program, program_json
 from fastsearch.ir.tune_context import tune_context as bare_tune_context
 from fastsearch.search.sample import sample_candidates
 from tvm.s_tir import meta_schedule as ms
@@ -163,13 +163,23 @@ def test_matches_per_store_feature_on_sketches(family: str) -> None:
 
 
 def test_trace_objects_and_json_agree() -> None:
+    # More traces than one conversion chunk: the chunks come back in order.
     func = te_workload.create_te_workload("GMM", 0)
-    schs = [c.schedule for c in sample_candidates(func, target(), 4, seed=1)]
+    schs = [c.schedule for c in sample_candidates(func, target(), 20, seed=1)]
+    assert len(schs) > 8
     from_objects = extract_features(func, [s.trace for s in schs], target())
     from_json = extract_features_json(program_json(func), [trace_json(s.trace) for s in schs])
     for a, b in zip(from_objects, from_json):
         assert a.dtype == np.float32 and a.shape[1] == N_FEATURES
         np.testing.assert_array_equal(a, b)
+
+
+def test_imported_programs_are_cached_by_structure() -> None:
+    func = te_workload.create_te_workload("GMM", 0)
+    program = imported_program(func)
+    assert imported_program(tvm.IRModule({"main": func})) is program
+    assert imported_program(te_workload.create_te_workload("GMM", 0)) is program  # an equal copy
+    assert imported_program(te_workload.create_te_workload("GMM", 1)) is not program
 
 
 def test_same_output_on_any_thread_count() -> None:

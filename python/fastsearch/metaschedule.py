@@ -20,7 +20,6 @@ Each class is a MetaSchedule ``Py*`` object, accepted wherever MetaSchedule take
 
 from __future__ import annotations
 
-import collections
 import json
 import math
 import weakref
@@ -44,7 +43,7 @@ from fastsearch.costmodel.features import N_FEATURES, extract_features_json
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_text, traces_text
-from fastsearch.ir.tir_import import main_function, program_json
+from fastsearch.ir.tir_import import imported_program
 from fastsearch.search.sample import fresh_copy
 
 __all__ = [
@@ -59,11 +58,6 @@ __all__ = [
 #: MetaSchedule's run time of a failed candidate.
 _FAILED_SECS = 1e10
 
-#: Programs imported for the drop-in classes, by structural hash, least recently used first.
-_programs: collections.OrderedDict[int, _core.Program] = collections.OrderedDict()
-#: How many the cache keeps: a whole model has tens of tasks, each asked for every batch.
-_PROGRAM_CACHE_SIZE = 128
-
 
 def _register_errors() -> None:
     """Lets fastsearch's errors keep their type through MetaSchedule's C++ layer: an error raised
@@ -76,20 +70,6 @@ def _register_errors() -> None:
 
 
 _register_errors()
-
-
-def _program(mod: tvm.IRModule) -> _core.Program:
-    """fastsearch's program model of the task's PrimFunc, cached (the last
-    ``_PROGRAM_CACHE_SIZE``): every batch of every update and prediction asks for it, and
-    importing the function costs more than the features."""
-    key = int(structural_hash(mod))
-    if key in _programs:
-        _programs.move_to_end(key)
-    else:
-        _programs[key] = _core.Program(program_json(main_function(mod)[1]))
-        while len(_programs) > _PROGRAM_CACHE_SIZE:
-            _programs.popitem(last=False)
-    return _programs[key]
 
 
 def _engine_features(program: _core.Program, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
@@ -116,7 +96,7 @@ def store_features(
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
     when ``fallback`` (same layout), else its engine error is raised."""
     texts = traces_text([c.sch.trace for c in candidates])
-    rows = _engine_features(_program(context.mod), texts)
+    rows = _engine_features(imported_program(context.mod), texts)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
     if bad and not fallback:
         raise rows[bad[0]]  # type: ignore[misc]
@@ -374,7 +354,7 @@ class SearchStrategy(PySearchStrategy):
         self.context = context
         self.task = str(context.task_name or "main")
         self.mod = context.mod
-        self.program = _program(context.mod)
+        self.program = imported_program(context.mod)
         self.postprocs = list(context.space_generator.postprocs) if context.space_generator else []
         seed = self.seed if self.seed is not None else int(context.rand_state)
         self.rng = np.random.default_rng(seed if seed >= 0 else None)

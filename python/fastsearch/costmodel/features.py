@@ -17,9 +17,9 @@ from tvm.s_tir import Trace
 
 from fastsearch import _core
 from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
-from fastsearch.ir.loop_nest import trace_json, traces_text
+from fastsearch.ir.loop_nest import trace_json, traces_text, traces_text_chunks
 from fastsearch.ir.target import resolve_target
-from fastsearch.ir.tir_import import main_function, program_json
+from fastsearch.ir.tir_import import imported_program
 
 N_FEATURES = 164
 
@@ -107,28 +107,43 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
         t = resolve_target(target)  # an unknown or malformed target is an InvalidTarget naming it
         if "gpu" in [str(k) for k in t.keys]:
             raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
-    _, func = main_function(mod)
-    # TVM Traces all at once through TVM's C++ JSON writer; as_json() values as they are.
-    converted = iter(traces_text([t for t in traces if isinstance(t, Trace)]))
-    texts = [
-        next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
-        for t in traces
-    ]
-    program = _core.Program(program_json(func))
+    program = imported_program(mod)
+    # TVM Traces through TVM's C++ JSON writer, a chunk at a time on worker threads, while the
+    # engine replays the chunks already written; text and as_json() values are taken as they are.
+    tvm_traces = [t for t in traces if isinstance(t, Trace)]
+    if len(tvm_traces) < len(traces):
+        converted = iter(traces_text(tvm_traces))
+        texts = [
+            next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
+            for t in traces
+        ]
+        return _extract_batch(program, texts)
+    rows: list[np.ndarray] = []
+    for chunk in traces_text_chunks(tvm_traces):
+        rows.extend(_extract_batch(program, chunk, offset=len(rows), total=len(traces)))
+    return rows
+
+
+def _extract_batch(
+    program: _core.Program, texts: Sequence[str], offset: int = 0, total: int | None = None
+) -> list[np.ndarray]:
     try:
-        return program.extract_features(texts)
+        return program.extract_features(list(texts))
     except (InvalidTrace, ScheduleError) as exc:
-        raise _name_bad_trace(program, texts, exc) from exc
+        raise _name_bad_trace(program, texts, exc, offset, total) from exc
 
 
-def _name_bad_trace(program: _core.Program, texts: Sequence[str], exc: Exception) -> Exception:
-    """The engine's error for a batch names no trace: find the first one that fails alone."""
+def _name_bad_trace(
+    program: _core.Program, texts: Sequence[str], exc: Exception, offset: int = 0, total: int | None = None
+) -> Exception:
+    """The engine's error for a batch names no trace: find the first one that fails alone
+    (numbered in the caller's whole list, of which ``texts`` starts at ``offset``)."""
     for i, text in enumerate(texts):
         try:
             program.apply_trace(text)
         except (InvalidTrace, ScheduleError) as one:
             excerpt = text if len(text) <= 80 else text[:77] + "..."
-            return type(one)(f"trace {i} of {len(texts)} ({excerpt!r}): {one}")
+            return type(one)(f"trace {offset + i} of {total or len(texts)} ({excerpt!r}): {one}")
     return exc
 
 
