@@ -19,7 +19,7 @@ pub struct Lin {
 }
 
 pub fn key(e: &Expr) -> String {
-    e.to_json().to_string()
+    e.json_text()
 }
 
 impl Lin {
