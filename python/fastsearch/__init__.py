@@ -15,6 +15,7 @@ from fastsearch.errors import (
     MeasurementError,
     RemoteError,
     ScheduleError,
+    UnsupportedTarget,
     UnsupportedWorkload,
 )
 from fastsearch.graph.partition import partition
@@ -43,6 +44,7 @@ __all__ = [
     "ScheduleError",
     "SearchStrategy",
     "TuneResult",
+    "UnsupportedTarget",
     "UnsupportedWorkload",
     "Verification",
     "WarmStart",

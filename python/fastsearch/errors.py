@@ -20,6 +20,11 @@ class InvalidTarget(FastsearchError):
     """The target is unknown or malformed."""
 
 
+class UnsupportedTarget(FastsearchError):
+    """The target is well formed, but fastsearch cannot search it: its sketches, features and
+    cost models are CPU-only for now, and a GPU target would silently get CPU schedules."""
+
+
 class DatabaseError(FastsearchError):
     """The tuning database is unreadable or inconsistent."""
 
@@ -47,5 +52,6 @@ __all__ = [
     "MeasurementError",
     "RemoteError",
     "ScheduleError",
+    "UnsupportedTarget",
     "UnsupportedWorkload",
 ]

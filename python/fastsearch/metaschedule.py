@@ -43,6 +43,7 @@ from fastsearch.costmodel.features import N_FEATURES, extract_features_json
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_text, traces_text
+from fastsearch.ir.target import require_searchable
 from fastsearch.ir.tir_import import imported_program
 from fastsearch.search.sample import fresh_copy
 
@@ -94,7 +95,10 @@ def store_features(
     fallback) and how many came from TVM's fallback.
 
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
-    when ``fallback`` (same layout), else its engine error is raised."""
+    when ``fallback`` (same layout), else its engine error is raised. A GPU task is refused
+    (:class:`fastsearch.UnsupportedTarget`): the features are CPU features."""
+    if context.target is not None:
+        require_searchable(context.target, "fastsearch's per-store features")
     texts = traces_text([c.sch.trace for c in candidates])
     rows = _engine_features(imported_program(context.mod), texts)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
@@ -351,6 +355,8 @@ class SearchStrategy(PySearchStrategy):
         self.stats = SearchStats()
 
     def _initialize_with_tune_context(self, context: ms.TuneContext) -> None:
+        if context.target is not None:
+            require_searchable(context.target, "fastsearch.metaschedule.SearchStrategy")
         self.context = context
         self.task = str(context.task_name or "main")
         self.mod = context.mod

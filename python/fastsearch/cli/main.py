@@ -19,7 +19,7 @@ from typing import Any
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.model_timing import describe_end_to_end, end_to_end
-from fastsearch.ir.target import physical_cores
+from fastsearch.ir.target import physical_cores, require_searchable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.testing import onnx_zoo
 from fastsearch.testing.onnx_zoo import SMALL, ZOO
@@ -167,6 +167,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     chosen = [x for x in (args.model_file, args.model, args.workload) if x]
     if len(chosen) != 1:
         raise SystemExit("fastsearch: error: give one of MODEL.onnx, --model NAME or --workload FAMILY")
+    # Before a model is loaded or a file written: a target the search cannot serve is refused.
+    require_searchable(resolve_target(args.target), "fastsearch tune")
     if args.model_file or args.model:
         from pathlib import Path
 

@@ -16,9 +16,9 @@ import numpy as np
 from tvm.s_tir import Trace
 
 from fastsearch import _core
-from fastsearch.errors import InvalidTrace, ScheduleError, UnsupportedWorkload
+from fastsearch.errors import InvalidTrace, ScheduleError
 from fastsearch.ir.loop_nest import trace_json, traces_text, traces_text_chunks
-from fastsearch.ir.target import resolve_target
+from fastsearch.ir.target import require_searchable, resolve_target
 from fastsearch.ir.tir_import import imported_program
 
 N_FEATURES = 164
@@ -104,9 +104,8 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
     a GPU target is refused."""
     if target is not None:
-        t = resolve_target(target)  # an unknown or malformed target is an InvalidTarget naming it
-        if "gpu" in [str(k) for k in t.keys]:
-            raise UnsupportedWorkload("per-store features are implemented for CPU targets only")
+        # An unknown or malformed target is an InvalidTarget naming it, a GPU one unsupported.
+        require_searchable(resolve_target(target), "fastsearch.extract_features")
     program = imported_program(mod)
     # TVM Traces through TVM's C++ JSON writer, a chunk at a time on worker threads, while the
     # engine replays the chunks already written; text and as_json() values are taken as they are.

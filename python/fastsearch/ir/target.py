@@ -15,7 +15,7 @@ from typing import Any, Union
 import psutil
 import tvm
 
-from fastsearch.errors import InvalidTarget
+from fastsearch.errors import InvalidTarget, UnsupportedTarget
 
 TargetLike = Union[str, dict, tvm.target.Target, None]  # noqa: UP007  (runtime alias, py3.10)
 
@@ -25,6 +25,7 @@ __all__ = [
     "device_type",
     "host_cpu",
     "physical_cores",
+    "require_searchable",
     "resolve_target",
     "target_kind",
 ]
@@ -126,3 +127,36 @@ def device_type(target: tvm.target.Target) -> str:
 def device(target: tvm.target.Target) -> tvm.runtime.Device:
     """Device 0 of ``target`` in this process."""
     return tvm.runtime.device(device_type(target), 0)
+
+
+#: What TVM's GPU schedule rules and VerifyGPUCode read from a CUDA target; a bare ``"cuda"``
+#: (sm_50 by default) has none of the memory limits.
+CUDA_LIMITS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")
+
+
+def is_gpu(target: tvm.target.Target) -> bool:
+    """Whether ``target`` is a GPU (its keys name ``gpu``: CUDA, ROCm, Vulkan, Metal, ...)."""
+    return "gpu" in [str(k) for k in target.keys]
+
+
+def require_searchable(target: tvm.target.Target, what: str) -> None:
+    """Refuse, with a typed error, a target fastsearch's search cannot serve, before any work:
+    a CUDA target without the limits a GPU search reads is an :class:`InvalidTarget` naming
+    them; any GPU target is an :class:`UnsupportedTarget` (fastsearch's sketches, features and
+    cost models are CPU-only, and would otherwise hand back CPU schedules). ``what`` names the
+    caller in the message."""
+    if not is_gpu(target):
+        return
+    kind = target_kind(target)
+    if kind == "cuda":
+        missing = [k for k in CUDA_LIMITS if target.attrs.get(k) is None]
+        if missing:
+            raise InvalidTarget(
+                f"invalid target {target}: a CUDA target needs {', '.join(missing)}; use a tag "
+                "such as 'nvidia/nvidia-h100' or give them in the target dict"
+            )
+    raise UnsupportedTarget(
+        f"{what}: fastsearch searches CPU targets (kind 'llvm') only; {kind} target {target} "
+        "would get CPU schedules. GPU sketches are not implemented yet: tune GPU kernels with "
+        "MetaSchedule (tvm.s_tir.meta_schedule.tune_tir) meanwhile"
+    )

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from fastsearch import _core
 from fastsearch.errors import InternalError
 from fastsearch.ir.machine import num_cores
-from fastsearch.ir.target import resolve_target
+from fastsearch.ir.target import require_searchable, resolve_target
 from fastsearch.ir.tir_import import main_function, program_json
 from fastsearch.ir.tune_context import tune_context
 
@@ -151,9 +151,11 @@ def sample(mod: Any, target: Any = None, *, n: int = 32, seed: int = 0) -> list[
     """``n`` distinct candidates for the PrimFunc in ``mod`` from fastsearch's sketches, as TVM traces.
 
     Each trace applies to a schedule of the function with ``Trace.apply_to_schedule`` and
-    includes the postprocessing MetaSchedule does before a build.
+    includes the postprocessing MetaSchedule does before a build. The sketches are CPU sketches:
+    a GPU target is refused (:class:`fastsearch.UnsupportedTarget`).
     """
 
     _, func = main_function(mod)
     tgt = resolve_target(target)
+    require_searchable(tgt, "fastsearch.sample")
     return [c.trace for c in sample_candidates(func, tgt, n, seed)]

@@ -15,7 +15,7 @@ from tvm.ir import IRModule
 from fastsearch.errors import UnsupportedWorkload
 from fastsearch.graph.inference import optimize_for_inference
 from fastsearch.graph.relax_tasks import is_relax_module
-from fastsearch.ir.target import TargetLike, resolve_target
+from fastsearch.ir.target import TargetLike, require_searchable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.search.warm_start import WarmStart, WarmStartLike
 from fastsearch.tuning import loop
@@ -88,6 +88,8 @@ def tune(
         raise UnsupportedWorkload(
             f"tune() takes a tvm.tirx.PrimFunc or an IRModule of PrimFuncs, got {type(mod).__name__}"
         )
+    resolved = resolve_target(target)
+    require_searchable(resolved, "fastsearch.tune")
     search = check_fusion_argument(fusion, mod)
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
@@ -99,7 +101,7 @@ def tune(
     wname = name or loop.default_name(mod)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
     plan = TuningPlan(
-        target=resolve_target(target),
+        target=resolved,
         trials=trials,
         seed=seed,
         work_dir=Path(work_dir) if work_dir is not None else Path.cwd() / "fastsearch_work" / wname,
