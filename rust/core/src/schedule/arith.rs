@@ -4,6 +4,7 @@
 //! TVM simplifies bindings after every loop transformation; whether a loop variable still
 //! appears in a binding decides loop iteration types, so we simplify the same common cases.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::program::{BinOp, Expr};
@@ -51,6 +52,38 @@ impl Lin {
         }
         out.constant += sign * other.constant;
         out
+    }
+
+    /// [`Lin::add`] of two owned forms, moving terms instead of cloning either side: the
+    /// normal form is rebuilt for every binding after every split and fuse.
+    pub fn plus(mut self, other: Lin, sign: i64) -> Lin {
+        for (k, (e, c)) in other.terms {
+            match self.terms.entry(k) {
+                Entry::Vacant(slot) => {
+                    slot.insert((e, sign * c));
+                }
+                Entry::Occupied(mut slot) => {
+                    slot.get_mut().1 += sign * c;
+                    if slot.get().1 == 0 {
+                        slot.remove();
+                    }
+                }
+            }
+        }
+        self.constant += sign * other.constant;
+        self
+    }
+
+    /// [`Lin::scale`] in place.
+    pub fn scaled(mut self, k: i64) -> Lin {
+        if k == 0 {
+            return Lin::constant(0);
+        }
+        for (_, c) in self.terms.values_mut() {
+            *c *= k;
+        }
+        self.constant *= k;
+        self
     }
 
     pub fn scale(&self, k: i64) -> Lin {
@@ -149,14 +182,14 @@ pub fn linear(e: &Expr, ranges: &Ranges) -> Option<Lin> {
         Expr::Int(i) => Some(Lin::constant(*i)),
         Expr::Var(_) => Some(Lin::atom(e.clone())),
         Expr::Cast { value, .. } => linear(value, ranges),
-        Expr::Bin(BinOp::Add, a, b) => Some(linear(a, ranges)?.add(&linear(b, ranges)?, 1)),
-        Expr::Bin(BinOp::Sub, a, b) => Some(linear(a, ranges)?.add(&linear(b, ranges)?, -1)),
+        Expr::Bin(BinOp::Add, a, b) => Some(linear(a, ranges)?.plus(linear(b, ranges)?, 1)),
+        Expr::Bin(BinOp::Sub, a, b) => Some(linear(a, ranges)?.plus(linear(b, ranges)?, -1)),
         Expr::Bin(BinOp::Mul, a, b) => {
             let (x, y) = (linear(a, ranges)?, linear(b, ranges)?);
             if x.is_constant() {
-                Some(y.scale(x.constant))
+                Some(y.scaled(x.constant))
             } else if y.is_constant() {
-                Some(x.scale(y.constant))
+                Some(x.scaled(y.constant))
             } else {
                 None
             }
@@ -180,7 +213,7 @@ pub fn linear(e: &Expr, ranges: &Ranges) -> Option<Lin> {
             if *op == BinOp::FloorDiv {
                 if let Some((lo, hi)) = rb {
                     if lo.div_euclid(k) == hi.div_euclid(k) {
-                        return Some(q.add(&Lin::constant(lo.div_euclid(k)), 1));
+                        return Some(q.plus(Lin::constant(lo.div_euclid(k)), 1));
                     }
                 }
                 // floordiv(floordiv(x, a), b) == floordiv(x, a * b)
@@ -189,12 +222,12 @@ pub fn linear(e: &Expr, ranges: &Ranges) -> Option<Lin> {
                         if let Some(a) = a.as_int() {
                             let inner =
                                 Expr::Bin(BinOp::FloorDiv, x.clone(), Box::new(Expr::Int(a * k)));
-                            return Some(q.add(&linear(&inner, ranges)?, 1));
+                            return Some(q.plus(linear(&inner, ranges)?, 1));
                         }
                     }
                 }
-                Some(q.add(
-                    &Lin::atom(Expr::Bin(
+                Some(q.plus(
+                    Lin::atom(Expr::Bin(
                         BinOp::FloorDiv,
                         Box::new(r.to_expr()),
                         Box::new(Expr::Int(k)),
@@ -204,7 +237,7 @@ pub fn linear(e: &Expr, ranges: &Ranges) -> Option<Lin> {
             } else {
                 if let Some((lo, hi)) = rb {
                     if lo.div_euclid(k) == hi.div_euclid(k) {
-                        return Some(r.add(&Lin::constant(lo.div_euclid(k) * k), -1));
+                        return Some(r.plus(Lin::constant(lo.div_euclid(k) * k), -1));
                     }
                 }
                 Some(Lin::atom(Expr::Bin(
