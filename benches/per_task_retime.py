@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     target = resolve_target(args.target)
     weights = {
         t["best_us"]: t["weight"]
-        for t in json.loads((e2e / "result.json").read_text())["fastsearch"]["tasks"]
+        for t in json.loads((e2e / "result.json").read_text())["models"]["fastsearch"]["tasks"]
     }
     dev = tvm.cpu()
     with tempfile.TemporaryDirectory() as tmp:

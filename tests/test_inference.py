@@ -91,6 +91,25 @@ def test_conv_bn_clip_and_the_residual_add_are_one_kernel() -> None:
     assert not [n for n in names if n.startswith(("fused_tir_isnan", "fused_add", "add", "maximum"))], names
 
 
+def test_gelu_runs_as_arithmetic_in_the_matmul_epilogue() -> None:
+    """ONNX's erf GELU becomes fast_erf, fused into the producing matmul's kernel: no kernel
+    calls libm's scalar, value-dependent erf, and the outputs keep the reference's."""
+    model = onnx_zoo.build("bert-layer-small")
+    feeds = onnx_zoo.model_input(model)
+    report = InferenceReport()
+    fused, tasks = extract_tasks(optimize_for_inference(onnx_zoo.load(model), report=report))
+    assert report.fast_math_ops == 1 and "fast-math" in report.steps
+    gelu = [t.name for t in tasks if "erf" in t.name]
+    assert len(gelu) == 1 and gelu[0].startswith("fused_matmul") and "fast_erf" in gelu[0], gelu
+    assert not [n for n, f in _prims(fused).items() if "T.erf(" in f.script()]
+    _close(_run(fused, feeds), onnx_zoo.reference_outputs(model, feeds)[0])
+    # Without the step, the erf stays: the test above is about the step.
+    _, plain = extract_tasks(
+        optimize_for_inference(onnx_zoo.load(model), [s for s in STEPS if s != "fast-math"])
+    )
+    assert [t.name for t in plain if "_erf" in t.name and "fast_erf" not in t.name]
+
+
 def test_the_default_pipeline_has_fewer_kernels_than_the_imported_model() -> None:
     mod = onnx_zoo.load(onnx_zoo.build("resnet-18-small"))
     _, plain = extract_tasks(mod)
