@@ -42,25 +42,18 @@ impl Lin {
     }
 
     pub fn add(&self, other: &Lin, sign: i64) -> Lin {
-        let mut out = self.clone();
-        for (k, (e, c)) in &other.terms {
-            let entry = out.terms.entry(k.clone()).or_insert_with(|| (e.clone(), 0));
-            entry.1 += sign * c;
-            if entry.1 == 0 {
-                out.terms.remove(k);
-            }
-        }
-        out.constant += sign * other.constant;
-        out
+        self.clone().plus(other.clone(), sign)
     }
 
-    /// [`Lin::add`] of two owned forms, moving terms instead of cloning either side: the
-    /// normal form is rebuilt for every binding after every split and fuse.
+    /// `self + sign * other`, moving terms instead of cloning either side: the normal form is
+    /// rebuilt for every binding after every split and fuse. [`Lin::add`] is its borrowing form.
     pub fn plus(mut self, other: Lin, sign: i64) -> Lin {
         for (k, (e, c)) in other.terms {
             match self.terms.entry(k) {
                 Entry::Vacant(slot) => {
-                    slot.insert((e, sign * c));
+                    if sign * c != 0 {
+                        slot.insert((e, sign * c));
+                    }
                 }
                 Entry::Occupied(mut slot) => {
                     slot.get_mut().1 += sign * c;
@@ -74,7 +67,7 @@ impl Lin {
         self
     }
 
-    /// [`Lin::scale`] in place.
+    /// `self * k`, in place. [`Lin::scale`] is its borrowing form.
     pub fn scaled(mut self, k: i64) -> Lin {
         if k == 0 {
             return Lin::constant(0);
@@ -87,17 +80,7 @@ impl Lin {
     }
 
     pub fn scale(&self, k: i64) -> Lin {
-        if k == 0 {
-            return Lin::constant(0);
-        }
-        Lin {
-            terms: self
-                .terms
-                .iter()
-                .map(|(key, (e, c))| (key.clone(), (e.clone(), c * k)))
-                .collect(),
-            constant: self.constant * k,
-        }
+        self.clone().scaled(k)
     }
 
     /// Back to an expression, terms in a stable order.
