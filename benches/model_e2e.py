@@ -62,11 +62,11 @@ def _records(work: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
 
 
-def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path) -> dict:
+def run_fastsearch(mod: Any, target: Any, trials: int, seed: int, work: Path, measure: Any = None) -> dict:
     from fastsearch.tuning.tune import tune
 
     t0 = time.perf_counter()
-    result = tune(mod, target, trials=trials, seed=seed, work_dir=work)
+    result = tune(mod, target, trials=trials, seed=seed, work_dir=work, measure=measure)
     wall = time.perf_counter() - t0
     tasks = [
         {
@@ -216,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="MetaSchedule's own build function (imports all tensor intrinsics in every build worker)",
     )
+    parser.add_argument(
+        "--cache",
+        choices=["warm", "flush"],
+        default=None,
+        help="fastsearch's measurements: kernels timed in a warm loop, or each call after flushing "
+        "all arguments but the first (enable_cpu_cache_flush); default: fastsearch's own",
+    )
     parser.add_argument("--report", action="store_true", help="only write e2e.md again from result.json")
     args = parser.parse_args(argv)
     if args.report:
@@ -256,7 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         reference = onnx_zoo.reference_outputs(model, feeds)[0]
 
     print(f"fastsearch: {args.zoo or args.model}, {args.trials} trials ...", file=sys.stderr, flush=True)
-    fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work")
+    from fastsearch.measure.measurer import MeasureConfig
+
+    measure = {
+        None: None,
+        "warm": MeasureConfig(),
+        "flush": MeasureConfig(number=1, repeat=10, min_repeat_ms=0, enable_cpu_cache_flush=True),
+    }[args.cache]
+    fs = run_fastsearch(mod, target, args.trials, args.seed, out / "fastsearch_work", measure)
     if args.reuse_metaschedule:
         src = Path(args.reuse_metaschedule)
         shutil.copytree(src / "metaschedule_work", out / "metaschedule_work", dirs_exist_ok=True)

@@ -202,3 +202,19 @@ def test_a_hanging_candidate_times_out_and_the_runner_goes_on(gmm):
         Measurer.release([hung, fine])
     assert not hung.ok and "Timeout" in hung.error
     assert fine.ok and fine.mean_us > 0
+
+
+def test_flushed_measurements_time_every_call_alone_also_side_by_side(gmm):
+    """With ``enable_cpu_cache_flush``, every repeat is one call after the flush (``repeat`` per
+    candidate), and the final round's side-by-side timing runs the same way."""
+    config = MeasureConfig(number=1, repeat=4, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    func = gmm["main"]
+    cands = sample_candidates(func, TARGET, 2, seed=5)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    with Measurer(TARGET, config) as measurer:
+        results = measurer.measure([c.schedule.mod for c in cands], args_info)
+        assert all(r.ok and len(r.run_secs) == 4 for r in results)
+        arrays = random_arguments(args_info, seed=0)
+        rounds = measurer.side_by_side([r.artifact_path for r in results], arrays, rounds=2)
+        Measurer.release(results)
+    assert [len(r) for r in rounds] == [2, 2] and all(t > 0 for row in rounds for t in row)

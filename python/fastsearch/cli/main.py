@@ -386,7 +386,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
     p.add_argument("--min-repeat-ms", type=int, default=40)
-    p.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
+    p.add_argument(
+        "--cache-flush",
+        action="store_true",
+        help="flush every argument but the first from the CPU caches before each repeat "
+        "(with --min-repeat-ms 0, each repeat is one call)",
+    )
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker: run remotely")

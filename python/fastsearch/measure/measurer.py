@@ -416,7 +416,15 @@ class Measurer:
         t0 = time.perf_counter()
         self._isolated.send(
             _time_side_by_side,
-            (list(artifact_paths), list(arrays), entry, self.device_type, rounds, self.config.min_repeat_ms),
+            (
+                list(artifact_paths),
+                list(arrays),
+                entry,
+                self.device_type,
+                rounds,
+                self.config.min_repeat_ms,
+                self.config.repeat if self.config.enable_cpu_cache_flush else 0,
+            ),
             timeout=timeout,
         )
         try:
@@ -532,9 +540,18 @@ def random_arguments(args_info: Sequence[ms.arg_info.ArgInfo], seed: int = 0) ->
 
 
 def _time_side_by_side(
-    paths: list[str], arrays: list[np.ndarray], entry: str, dev_type: str, rounds: int, min_repeat_ms: int
+    paths: list[str],
+    arrays: list[np.ndarray],
+    entry: str,
+    dev_type: str,
+    rounds: int,
+    min_repeat_ms: int,
+    flushed_calls: int = 0,
 ) -> list[list[float]]:
-    """Worker side of :meth:`Measurer.side_by_side`."""
+    """Worker side of :meth:`Measurer.side_by_side`: with ``flushed_calls`` (the configuration's
+    ``enable_cpu_cache_flush``), each round times that many calls, each after flushing the caches
+    of all arguments but the first, by their mean, as the tuning runs timed them; otherwise one
+    loop of at least ``min_repeat_ms``."""
     dev = tvm.runtime.device(dev_type, 0)
     per_candidate = bool(arrays) and isinstance(arrays[0], (list, tuple))
     shared = [] if per_candidate else [tvm.runtime.tensor(a, dev) for a in arrays]
@@ -544,16 +561,21 @@ def _time_side_by_side(
     ]
     timers = []
     for i, path in enumerate(paths):
-        timer = tvm.runtime.load_module(path).time_evaluator(
-            entry, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms
-        )
+        if flushed_calls:
+            timer = tvm.runtime.load_module(path).time_evaluator(
+                entry, dev, number=1, repeat=flushed_calls, f_preproc="cache_flush_cpu_non_first_arg"
+            )
+        else:
+            timer = tvm.runtime.load_module(path).time_evaluator(
+                entry, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms
+            )
         timer(*args[i])  # warm-up
         timers.append(timer)
     times: list[list[float]] = [[] for _ in paths]
     for r in range(rounds):
         order = range(len(paths)) if r % 2 == 0 else reversed(range(len(paths)))
         for i in order:
-            times[i].append(float(timers[i](*args[i]).results[0]))
+            times[i].append(float(timers[i](*args[i]).mean))
     return times
 
 
