@@ -401,8 +401,16 @@ fn compact(
     for d in 0..ndim {
         match &region[d] {
             Some(r) if compactable[d] => {
-                shape[d] = r.hi - r.lo + 1;
-                off.push(r.outer.add(&Sum::constant(r.lo), 1));
+                // TVM narrows the region to the buffer: its start to at least 0 and its extent
+                // to at most the dimension (a fused loop whose last step is cut off by a
+                // predicate reaches past the end; the predicate is not consulted).
+                shape[d] = (r.hi - r.lo + 1).min(shape[d]);
+                let lo = if r.outer.is_constant() {
+                    r.lo.max(-r.outer.base)
+                } else {
+                    r.lo
+                };
+                off.push(r.outer.add(&Sum::constant(lo), 1));
             }
             _ => off.push(Sum::constant(0)),
         }

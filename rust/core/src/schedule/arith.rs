@@ -143,17 +143,18 @@ pub fn atom_bounds(e: &Expr, ranges: &Ranges) -> Option<(i64, i64)> {
     }
 }
 
-/// Splits `l` into `k * q + r` with every coefficient of `r` in `[0, k)`.
+/// Splits `l` into `k * q + r` as TVM's canonical simplifier separates a sum's divisible
+/// parts: the terms whose coefficient `k` divides go to `q`, every other term stays whole in
+/// `r` (`floordiv(x * 64 + y, 37)` keeps its 64, where `x + floordiv(x * 27 + y, 37)` would
+/// read as two more additions in the lowered program's features); the constant splits.
 fn div_split(l: &Lin, k: i64) -> (Lin, Lin) {
     let mut q = Lin::constant(l.constant.div_euclid(k));
     let mut r = Lin::constant(l.constant.rem_euclid(k));
     for (key, (e, c)) in &l.terms {
-        let (cq, cr) = (c.div_euclid(k), c.rem_euclid(k));
-        if cq != 0 {
-            q.terms.insert(key.clone(), (e.clone(), cq));
-        }
-        if cr != 0 {
-            r.terms.insert(key.clone(), (e.clone(), cr));
+        if c % k == 0 {
+            q.terms.insert(key.clone(), (e.clone(), c / k));
+        } else {
+            r.terms.insert(key.clone(), (e.clone(), *c));
         }
     }
     (q, r)
@@ -412,6 +413,32 @@ mod tests {
             Expr::Int(4),
         );
         assert_eq!(simplify(&e, &r), v("f"));
+    }
+
+    #[test]
+    fn division_keeps_coefficients_the_divisor_does_not_divide() {
+        // A fused (5, 37) loop split by 64: TVM leaves floordiv(f0 * 64 + f1, 37) as it is;
+        // f0 + floordiv(f0 * 27 + f1, 37), equal in value, counts two more additions.
+        let mut r = Ranges::new();
+        r.insert("f0".into(), 3);
+        r.insert("f1".into(), 64);
+        let fused = bin(BinOp::Add, bin(BinOp::Mul, v("f0"), Expr::Int(64)), v("f1"));
+        for op in [BinOp::FloorDiv, BinOp::FloorMod] {
+            let e = bin(op, fused.clone(), Expr::Int(37));
+            assert_eq!(simplify(&e, &r), e);
+        }
+        // Terms the divisor divides still leave the division: (f0 * 74 + f1) // 37.
+        let e = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::Add, bin(BinOp::Mul, v("f0"), Expr::Int(74)), v("f1")),
+            Expr::Int(37),
+        );
+        let want = bin(
+            BinOp::Add,
+            bin(BinOp::FloorDiv, v("f1"), Expr::Int(37)),
+            bin(BinOp::Mul, v("f0"), Expr::Int(2)),
+        );
+        assert_eq!(simplify(&e, &r), want);
     }
 
     #[test]
