@@ -635,36 +635,51 @@ fn normalize_comparison(canon: &Canon, op: &BinOp, x: Sum, y: Sum) -> Expr {
         }
         _ => {}
     }
-    // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k`.
+    // `c <= x // k` and `x // k < c` read `c * k <= x` and `x < c * k` (for any `x`, a
+    // modulo too: `x % 171 // 19 < 8` is `x % 171 < 152`), and are simplified again: the loop
+    // ranges may decide the new form, or its constant move across.
     let div_of = |s: &Sum| match s.terms.as_slice() {
-        [t] if s.base == 0 && t.scale == 1 && t.upper.is_none() && t.lower > 1 => Some(Sum {
-            terms: vec![super::index::Split {
-                lower: 1,
-                ..t.clone()
-            }],
-            base: 0,
-        })
-        .zip(Some(t.lower)),
+        [t] if s.base == 0 && t.scale == 1 && t.lower > 1 => {
+            let inner = match (&t.index, t.upper) {
+                (super::index::Index::Sum(sum), None) => (**sum).clone(),
+                _ => Sum {
+                    terms: vec![super::index::Split {
+                        lower: 1,
+                        ..t.clone()
+                    }],
+                    base: 0,
+                },
+            };
+            Some((inner, t.lower))
+        }
         _ => None,
     };
     match op {
         BinOp::Le if x.is_constant() => {
             if let Some((inner, k)) = div_of(&y) {
-                return Expr::Bin(
-                    *op,
-                    Box::new(Expr::Int(x.base * k)),
-                    Box::new(inner.to_expr()),
-                );
+                return normalize_comparison(canon, op, Sum::constant(x.base * k), inner);
             }
         }
         BinOp::Lt if y.is_constant() => {
             if let Some((inner, k)) = div_of(&x) {
-                return Expr::Bin(
-                    *op,
-                    Box::new(inner.to_expr()),
-                    Box::new(Expr::Int(y.base * k)),
-                );
+                return normalize_comparison(canon, op, inner, Sum::constant(y.base * k));
             }
+        }
+        _ => {}
+    }
+    // `c1 <= x + c2` and `x + c2 < c1` read `c1 - c2 <= x` and `x < c1 - c2`.
+    match op {
+        BinOp::Le | BinOp::Lt if x.is_constant() && y.base != 0 && !y.is_constant() => {
+            let c = y.base;
+            let mut y = y;
+            y.base = 0;
+            return normalize_comparison(canon, op, Sum::constant(x.base - c), y);
+        }
+        BinOp::Le | BinOp::Lt if y.is_constant() && x.base != 0 && !x.is_constant() => {
+            let c = x.base;
+            let mut x = x;
+            x.base = 0;
+            return normalize_comparison(canon, op, x, Sum::constant(y.base - c));
         }
         _ => {}
     }
