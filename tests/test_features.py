@@ -13,103 +13,41 @@ import warnings
 import numpy as np
 import pytest
 import tvm
+from fastsearch.costmodel.feature_parity import (
+    FAMILIES,
+    family_rng,
+    feature_difference,
+    ours_per_candidate,
+    random_workload,
+    space_candidates,
+    tune_context,
+    tvm_features,
+)
+from fastsearch.costmodel.feature_parity import feature_target as target
 from fastsearch.costmodel.features import (
-    FEATURE_NAMES,
     N_FEATURES,
-    design_space_candidates,
     extract_features,
     extract_features_json,
 )
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_json
 from fastsearch.ir.tir_import import imported_program, program_json
-from fastsearch.ir.tune_context import tune_context as bare_tune_context
 from fastsearch.search.sample import sample_candidates
-from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
 SPACE_CANDIDATES = 40
 SKETCH_CANDIDATES = 40
-TOLERANCE = 1e-3
-# Column of the first buffer-access feature.
-BUFFER0 = 57
-
-
-def target() -> tvm.target.Target:
-    return tvm.target.Target(
-        {"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
-    )
-
-
-def tune_context(func: tvm.tirx.PrimFunc) -> ms.TuneContext:
-    # PerStoreFeature needs no space generator and no tensor intrinsic (TuneContext's own
-    # constructor imports them all: 35 s the first time on a 2-vCPU host).
-    return bare_tune_context(func, target())
-
-
-def space_candidates(func: tvm.tirx.PrimFunc, n: int) -> list[tvm.s_tir.Schedule]:
-    return design_space_candidates(func, target(), n)
-
-
-def tvm_features(ctx: ms.TuneContext, func: tvm.tirx.PrimFunc, schs: list) -> list[np.ndarray]:
-    args = ms.arg_info.ArgInfo.from_prim_func(func)
-    cands = [ms.MeasureCandidate(s, args) for s in schs]
-    return [t.numpy() for t in ms.feature_extractor.PerStoreFeature().extract_from(ctx, cands)]
-
-
-def close(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(np.all(np.abs(a - b) <= TOLERANCE))
-
-
-def untied(ours: np.ndarray, theirs: np.ndarray, same_names: bool) -> np.ndarray:
-    """``ours`` (same shape as ``theirs``) with tied buffer pairs put in TVM's order.
-
-    PerStoreFeature orders a store's buffers by lines, then bytes, then name; two buffers equal
-    on all three (possible only when the function has two buffers of the same name, as DEP's
-    two ``placeholder``) come in its hash map's order, which follows memory addresses. With
-    ``same_names``, such a tied pair may come in either order."""
-    ours = ours.copy()
-    if same_names:
-        for r in range(len(ours)):
-            for b in range(4):
-                x = slice(BUFFER0 + 18 * b, BUFFER0 + 18 * (b + 1))
-                y = slice(BUFFER0 + 18 * (b + 1), BUFFER0 + 18 * (b + 2))
-                tied = ours[r, x][3] == ours[r, y][3] and ours[r, x][5] == ours[r, y][5]
-                p, q = ours[r, x].copy(), ours[r, y].copy()
-                if tied and close(p, theirs[r, y]) and close(q, theirs[r, x]):
-                    ours[r, x], ours[r, y] = q, p
-    return ours
 
 
 def first_difference(ours: np.ndarray, theirs: np.ndarray, same_names: bool) -> str | None:
     """None when equal; otherwise the first differing row and feature, by name (a tied buffer
-    pair may come in either order, see ``untied``)."""
-    if ours.shape != theirs.shape:
-        return f"shape {ours.shape} != {theirs.shape}"
-    ours = untied(ours, theirs, same_names)
-    bad = np.argwhere(np.abs(ours - theirs) > TOLERANCE)
-    if len(bad) == 0:
+    pair may come in either order, see ``fastsearch.costmodel.feature_parity.untied``)."""
+    d = feature_difference(ours, theirs, same_names)
+    if d is None:
         return None
-    r, c = bad[0]
-    return (
-        f"row {r} {FEATURE_NAMES[c]}: ours {ours[r, c]:.4f}, TVM {theirs[r, c]:.4f} "
-        f"({len(bad)} values differ)"
-    )
-
-
-def ours_per_candidate(program: str, texts: list[str]) -> list[np.ndarray | str]:
-    """Our features, or the engine's error for a candidate it cannot replay."""
-    try:
-        return list(extract_features_json(program, texts))
-    except FastsearchError:
-        out: list[np.ndarray | str] = []
-        for text in texts:
-            try:
-                out.append(extract_features_json(program, [text])[0])
-            except FastsearchError as e:
-                out.append(f"{type(e).__name__}: {e}")
-        return out
+    if d.column < 0:
+        return f"shape {ours.shape} != {theirs.shape}"
+    return f"row {d.row} {d.feature}: ours {d.ours:.4f}, TVM {d.tvm:.4f} ({d.count} values differ)"
 
 
 def compare(family: str, kind: str, func, schs) -> list[str]:
@@ -139,13 +77,14 @@ def compare(family: str, kind: str, func, schs) -> list[str]:
 # its region analysis bounds with max/min offsets (an 80-channel buffer where 16 are read), and
 # keeps the group's channel division unsimplified in some indices; neither is modelled yet.
 KNOWN_GAPS = {"GRP"}
+KNOWN_GAP_REASON = "TVM compaction of grouped padding not modelled"
 
 
 def family_param(family: str):
     if family in KNOWN_GAPS:
         return pytest.param(
             family,
-            marks=pytest.mark.xfail(reason="TVM compaction of grouped padding not modelled", strict=False),
+            marks=pytest.mark.xfail(reason=KNOWN_GAP_REASON, strict=False),
         )
     return family
 
@@ -170,7 +109,7 @@ def test_matches_per_store_feature_on_sketches(family: str) -> None:
 
 
 # Random shapes (odd and prime extents, strides, paddings, groups, dilations): each family on the
-# shape ``benches.features_random_shapes.random_workload`` draws for a seed, 16 design-space and 16
+# shape ``fastsearch.costmodel.feature_parity.random_workload`` draws for a seed, 16 design-space and 16
 # sketch candidates. The full run is ``python -m benches.features_random_shapes --seed S``.
 RANDOM_SEEDS = (0, 1)
 RANDOM_CANDIDATES = 16
@@ -183,25 +122,11 @@ RANDOM_SHAPE_GAPS: dict[tuple[str, int], str] = {
 }
 
 
-def random_shapes_bench():
-    """``benches.features_random_shapes`` (the tests run from tests/, the repository root may not
-    be on the path); imported when needed, as it imports this module."""
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from benches import features_random_shapes
-
-    return features_random_shapes
-
-
 def random_shape_param(family: str, seed: int):
     if (family, seed) in RANDOM_SHAPE_GAPS:
         reason = RANDOM_SHAPE_GAPS[(family, seed)]
     elif family in KNOWN_GAPS:
-        reason = "TVM compaction of grouped padding not modelled"
+        reason = KNOWN_GAP_REASON
     else:
         return pytest.param(family, seed, id=f"{family}-{seed}")
     return pytest.param(
@@ -214,8 +139,7 @@ def random_shape_param(family: str, seed: int):
     ("family", "seed"), [random_shape_param(f, s) for s in RANDOM_SEEDS for f in FAMILIES]
 )
 def test_matches_per_store_feature_on_random_shapes(family: str, seed: int) -> None:
-    bench = random_shapes_bench()
-    func, shape = bench.random_workload(family, bench.family_rng(seed, family))
+    func, shape = random_workload(family, family_rng(seed, family))
     print(shape)
     schs = space_candidates(func, RANDOM_CANDIDATES)
     assert len(schs) >= RANDOM_CANDIDATES // 2, shape

@@ -559,16 +559,14 @@ def _time_side_by_side(
         [tvm.runtime.tensor(a, dev) for a in arrays[i]] if per_candidate else shared
         for i in range(len(paths))
     ]
+    how: dict[str, Any] = (
+        {"repeat": flushed_calls, "f_preproc": "cache_flush_cpu_non_first_arg"}
+        if flushed_calls
+        else {"repeat": 1, "min_repeat_ms": min_repeat_ms}
+    )
     timers = []
     for i, path in enumerate(paths):
-        if flushed_calls:
-            timer = tvm.runtime.load_module(path).time_evaluator(
-                entry, dev, number=1, repeat=flushed_calls, f_preproc="cache_flush_cpu_non_first_arg"
-            )
-        else:
-            timer = tvm.runtime.load_module(path).time_evaluator(
-                entry, dev, number=1, repeat=1, min_repeat_ms=min_repeat_ms
-            )
+        timer = tvm.runtime.load_module(path).time_evaluator(entry, dev, number=1, **how)
         timer(*args[i])  # warm-up
         timers.append(timer)
     times: list[list[float]] = [[] for _ in paths]
