@@ -350,7 +350,7 @@ impl Canon<'_> {
         None
     }
 
-    fn div(&self, a: &Sum, k: i64) -> Sum {
+    pub fn div(&self, a: &Sum, k: i64) -> Sum {
         if k == 1 {
             return a.clone();
         }
@@ -397,6 +397,29 @@ impl Canon<'_> {
             }
         }
         let mut out = divisible;
+        if let [t] = rest.terms.as_slice() {
+            if t.scale == 1 && t.lower > 1 {
+                // floordiv(floordiv(x, l) + c, k) == floordiv(x + c * l, l * k), as TVM's
+                // rewrite simplifier folds it (a padded input read at `(h // 8 + 1) // 2`).
+                let x = match (&t.index, t.upper) {
+                    (Index::Sum(inner), None) => inner.add(&Sum::constant(rest.base * t.lower), 1),
+                    _ => Sum {
+                        terms: vec![Split {
+                            lower: 1,
+                            ..t.clone()
+                        }],
+                        base: rest.base * t.lower,
+                    },
+                };
+                out.push(Split {
+                    index: Index::Sum(Box::new(x)),
+                    lower: t.lower * k,
+                    upper: None,
+                    scale: 1,
+                });
+                return self.tidy(out);
+            }
+        }
         out.push(Split {
             index: Index::Sum(Box::new(rest)),
             lower: k,
@@ -462,6 +485,29 @@ mod tests {
 
     fn v(n: &str) -> Expr {
         Expr::Var(n.into())
+    }
+
+    #[test]
+    fn nested_divisions_fold_into_one() {
+        // (f // 8 + 1) // 2 is (f + 8) // 16, as TVM's rewrite simplifier leaves it.
+        let mut ext = Extents::new();
+        ext.insert("f".into(), 56);
+        let c = Canon { extents: &ext };
+        let e = bin(
+            BinOp::FloorDiv,
+            bin(
+                BinOp::Add,
+                bin(BinOp::FloorDiv, v("f"), Expr::Int(8)),
+                Expr::Int(1),
+            ),
+            Expr::Int(2),
+        );
+        let want = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::Add, v("f"), Expr::Int(8)),
+            Expr::Int(16),
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
     }
 
     #[test]

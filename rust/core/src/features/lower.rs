@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::index::{Canon, Extents, Index, Sum};
+use super::index::{Canon, Extents, Index, Split, Sum};
 use crate::error::{Error, Result};
 use crate::program::{BinOp, Expr, LoopKind};
 use crate::schedule::state::{Child, State};
@@ -233,6 +233,7 @@ fn index_vars(i: &Index, out: &mut Vec<String>) {
 fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
     let mut outer = Sum::constant(0);
     let mut inner = Sum::constant(s.base);
+    let mut inner_span = 0;
     for t in &s.terms {
         let mut vs = Vec::new();
         index_vars(&t.index, &mut vs);
@@ -242,12 +243,56 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
         };
         if vs.iter().all(|v| outer_vars.contains(v)) {
             outer = outer.add(&one, 1);
+        } else if let Some((start, span)) = split_over_inner(canon, t, outer_vars) {
+            // `floordiv(O + I, k) * c` with `I` spanning a multiple of `k`: an outer start
+            // and a constant span, as TVM's simplifier proves.
+            outer = outer.add(&start, 1);
+            inner = inner.add(&Sum::constant(span.min(0)), 1);
+            inner_span += span.abs();
         } else {
             inner = inner.add(&one, 1);
         }
     }
     let (lo, hi) = canon.bounds(&inner);
-    DimRegion { outer, lo, hi }
+    DimRegion {
+        outer,
+        lo,
+        hi: hi + inner_span,
+    }
+}
+
+/// `floordiv(O + I, k) * c`, `O` in outer and `I` in inner variables only, where the range of
+/// `I`, `[a, b]`, has `k | b - a`: `floordiv(O + b, k) == floordiv(O + a, k) + (b - a) / k`, so
+/// the term is `floordiv(O + a, k) * c` plus a constant span `c * (b - a) / k`.
+fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(Sum, i64)> {
+    let Index::Sum(s) = &t.index else { return None };
+    if t.upper.is_some() || t.lower <= 1 {
+        return None;
+    }
+    let (mut o, mut i) = (Sum::constant(s.base), Sum::constant(0));
+    for u in &s.terms {
+        let mut vs = Vec::new();
+        index_vars(&u.index, &mut vs);
+        let one = Sum {
+            terms: vec![u.clone()],
+            base: 0,
+        };
+        if vs.iter().all(|v| outer_vars.contains(v)) {
+            o = o.add(&one, 1);
+        } else if vs.iter().all(|v| !outer_vars.contains(v)) {
+            i = i.add(&one, 1);
+        } else {
+            return None;
+        }
+    }
+    let (a, b) = canon.bounds(&i);
+    if o.is_constant() || i.is_constant() || (b - a) % t.lower != 0 {
+        return None;
+    }
+    let start = canon
+        .div(&o.add(&Sum::constant(a), 1), t.lower)
+        .scale(t.scale);
+    Some((start, t.scale * ((b - a) / t.lower)))
 }
 
 /// Each store's indices and loads as sums, per store: (indices, [(buffer, indices)]).

@@ -325,8 +325,8 @@ fn gcd(a: i64, b: i64) -> i64 {
 
 /// Relaxes `floordiv(A, k)` / `floormod(A, k)` where `A = g * S + R`, `S` symbolic, `g | k` and
 /// `R` relaxed, using `floordiv(g * S + R, g * q) == floordiv(S + floordiv(R, g), q)`. Exact
-/// (`Some`) when `floordiv(R, g)` is a single point or `q == 1`: otherwise TVM's bound depends on
-/// the outer loops too (a dynamic extent).
+/// (`Some`) when `floordiv(R, g)` is a single point, `q == 1`, or (for a division) its span is a
+/// multiple of `q`: otherwise TVM's bound depends on the outer loops too (a dynamic extent).
 fn relax_div(atom: &Expr, relaxed: &Ranges, all: &Ranges) -> Option<(Lin, i64, i64)> {
     let (op, a, k) = match atom {
         Expr::Bin(op @ (BinOp::FloorDiv | BinOp::FloorMod), a, b) => (*op, a, b.as_int()?),
@@ -357,13 +357,16 @@ fn relax_div(atom: &Expr, relaxed: &Ranges, all: &Ranges) -> Option<(Lin, i64, i
     let (a0, a1) = (inner.lo.div_euclid(g), inner.hi.div_euclid(g));
     match op {
         BinOp::FloorDiv if q == 1 => Some((scaled, a0, a1)),
-        BinOp::FloorDiv if a0 == a1 => {
+        // `floordiv(S + a1, q) == floordiv(S + a0, q) + (a1 - a0) / q` when `q` divides
+        // `a1 - a0`: a constant extent, which TVM's simplifier proves too (a padding read
+        // through `(h + rh + 1) // 2` under a tile of `h`).
+        BinOp::FloorDiv if (a1 - a0) % q == 0 => {
             let e = Expr::Bin(
                 BinOp::FloorDiv,
                 Box::new(scaled.add(&Lin::constant(a0), 1).to_expr()),
                 Box::new(Expr::Int(q)),
             );
-            Some((linear(&e, all)?, 0, 0))
+            Some((linear(&e, all)?, 0, (a1 - a0) / q))
         }
         BinOp::FloorMod if a0 == a1 => {
             let sym = if q == 1 {
@@ -413,6 +416,37 @@ mod tests {
             Expr::Int(4),
         );
         assert_eq!(simplify(&e, &r), v("f"));
+    }
+
+    #[test]
+    fn a_division_over_a_span_the_divisor_divides_has_a_constant_extent() {
+        // A transposed conv's padded input read at (h + rh + 1) // 2 under a tile of h: with
+        // rh in [0, 5) the region is (h + 1) // 2 + [0, 2] for every h, as TVM proves.
+        let mut all = Ranges::new();
+        all.insert("h".into(), 7);
+        all.insert("rh".into(), 5);
+        let mut relaxed = Ranges::new();
+        relaxed.insert("rh".into(), 5);
+        let read = |r: Expr| {
+            bin(
+                BinOp::FloorDiv,
+                bin(BinOp::Add, bin(BinOp::Add, v("h"), r), Expr::Int(1)),
+                Expr::Int(2),
+            )
+        };
+        let iv = relax(&read(v("rh")), &relaxed, &all).unwrap();
+        let start = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::Add, v("h"), Expr::Int(1)),
+            Expr::Int(2),
+        );
+        assert!(iv.exact);
+        assert_eq!((iv.lo, iv.hi), (0, 2));
+        assert_eq!(iv.base.to_expr(), simplify(&start, &all));
+        // rh in [0, 4): (h + 4) // 2 - (h + 1) // 2 is 1 or 2, an extent that depends on h.
+        relaxed.insert("rh".into(), 4);
+        all.insert("rh".into(), 4);
+        assert!(!relax(&read(v("rh")), &relaxed, &all).unwrap().exact);
     }
 
     #[test]
