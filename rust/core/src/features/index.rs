@@ -342,6 +342,11 @@ impl Canon<'_> {
                     r.push(t.clone());
                 }
             }
+            // Below `k`, TVM factors through its rewrite rule for `floordiv(x * c1 + y, c2)`,
+            // whose `x` is one term: a quotient of several terms is left whole.
+            if g < k && (q.terms.len() != 1 || q.base != 0) {
+                continue;
+            }
             let (lo, hi) = self.bounds(&r);
             if lo >= 0 && hi < g {
                 return Some((g, q, r));
@@ -398,6 +403,26 @@ impl Canon<'_> {
         }
         let mut out = divisible;
         if let [t] = rest.terms.as_slice() {
+            let unit = Sum {
+                terms: vec![Split {
+                    scale: 1,
+                    ..t.clone()
+                }],
+                base: 0,
+            };
+            let (lo, _) = self.bounds(&unit);
+            if t.scale > 0 && lo >= 0 {
+                // floordiv(x * c + b, k) == x * (c // k) + floordiv(x * (c % k) + b, k), and the
+                // second part is a constant when its bounds agree (TVM's "eliminate residue").
+                let residue = unit.scale(t.scale % k).add(&Sum::constant(rest.base), 1);
+                let (rl, rh) = self.bounds(&residue);
+                if rl.div_euclid(k) == rh.div_euclid(k) {
+                    out = out
+                        .add(&unit.scale(t.scale / k), 1)
+                        .add(&Sum::constant(rl.div_euclid(k)), 1);
+                    return self.tidy(out);
+                }
+            }
             if t.scale == 1 && t.lower > 1 {
                 // floordiv(floordiv(x, l) + c, k) == floordiv(x + c * l, l * k), as TVM's
                 // rewrite simplifier folds it (a padded input read at `(h // 8 + 1) // 2`).

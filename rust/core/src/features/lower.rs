@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use super::index::{Canon, Extents, Index, Split, Sum};
+use super::index::{gcd, Canon, Extents, Index, Split, Sum};
 use crate::error::{Error, Result};
 use crate::program::{BinOp, Expr, LoopKind};
 use crate::schedule::state::{Child, State};
@@ -263,7 +263,8 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
 
 /// `floordiv(O + I, k) * c`, `O` in outer and `I` in inner variables only, where the range of
 /// `I`, `[a, b]`, has `k | b - a`: `floordiv(O + b, k) == floordiv(O + a, k) + (b - a) / k`, so
-/// the term is `floordiv(O + a, k) * c` plus a constant span `c * (b - a) / k`.
+/// the term is `floordiv(O + a, k) * c` plus a constant span `c * (b - a) / k` (after dividing
+/// `O`, `I` and `k` by a common factor of `O` and `k`).
 fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(Sum, i64)> {
     let Index::Sum(s) = &t.index else { return None };
     if t.upper.is_some() || t.lower <= 1 {
@@ -286,13 +287,32 @@ fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(
         }
     }
     let (a, b) = canon.bounds(&i);
-    if o.is_constant() || i.is_constant() || (b - a) % t.lower != 0 {
+    if o.is_constant() || i.is_constant() || a < 0 {
         return None;
     }
-    let start = canon
-        .div(&o.add(&Sum::constant(a), 1), t.lower)
-        .scale(t.scale);
-    Some((start, t.scale * ((b - a) / t.lower)))
+    // floordiv(g * O' + I, g * q) == floordiv(O' + floordiv(I, g), q) for `g` dividing `k`
+    // and every coefficient of `O` (TVM's rewrite rule for `floordiv(x * c1 + y, c2)`).
+    let g = o
+        .terms
+        .iter()
+        .fold(gcd(o.base, t.lower), |acc, u| gcd(acc, u.scale));
+    let (a, b, q) = (a.div_euclid(g), b.div_euclid(g), t.lower / g);
+    if (b - a) % q != 0 {
+        return None;
+    }
+    let o = Sum {
+        terms: o
+            .terms
+            .iter()
+            .map(|u| Split {
+                scale: u.scale / g,
+                ..u.clone()
+            })
+            .collect(),
+        base: o.base / g,
+    };
+    let start = canon.div(&o.add(&Sum::constant(a), 1), q).scale(t.scale);
+    Some((start, t.scale * ((b - a) / q)))
 }
 
 /// Each store's indices and loads as sums, per store: (indices, [(buffer, indices)]).
