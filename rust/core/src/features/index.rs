@@ -324,7 +324,7 @@ impl Canon<'_> {
 
     /// Writes `a` as `g * q + r` with `g` dividing `k` and `r` provably in `[0, g)`, for the
     /// largest such `g > 1` (then `a // k == q // (k / g)` and `a % k == (q % (k / g)) * g + r`).
-    fn factor_out(&self, a: &Sum, k: i64) -> Option<(i64, Sum, Sum)> {
+    fn factor_out(&self, a: &Sum, k: i64, max_rest: usize) -> Option<(i64, Sum, Sum)> {
         let mut gs: Vec<i64> = a.terms.iter().map(|t| gcd(k, t.scale.abs())).collect();
         gs.push(k);
         gs.sort_unstable_by(|x, y| y.cmp(x));
@@ -342,9 +342,20 @@ impl Canon<'_> {
                     r.push(t.clone());
                 }
             }
-            // Below `k`, TVM factors through its rewrite rule for `floordiv(x * c1 + y, c2)`,
-            // whose `x` is one term: a quotient of several terms is left whole.
-            if g < k && (q.terms.len() != 1 || q.base != 0) {
+            // Below `k`, TVM factors only through its rewrite rules for `floordiv(x * c1 + y, c2)`
+            // and `floordiv(x * c1 + y + z, c2)` (`floormod(x * c1 + y, c2)`), after setting
+            // aside the terms `k` divides: `x` is one term, `y` and `z` the operands after it
+            // (`max_rest` of them at most), the constant below `c1`. Anything longer is left
+            // whole.
+            let factored = a
+                .terms
+                .iter()
+                .filter(|t| t.scale % g == 0 && t.scale % k != 0)
+                .count();
+            let base = a.base.rem_euclid(k);
+            let operands =
+                a.terms.iter().filter(|t| t.scale % g != 0).count() + usize::from(base != 0);
+            if g < k && (factored != 1 || operands > max_rest || base >= g) {
                 continue;
             }
             let (lo, hi) = self.bounds(&r);
@@ -359,7 +370,7 @@ impl Canon<'_> {
         if k == 1 {
             return a.clone();
         }
-        if let Some((g, q, _)) = self.factor_out(a, k) {
+        if let Some((g, q, _)) = self.factor_out(a, k, 2) {
             return if g == k {
                 self.tidy(q)
             } else {
@@ -458,7 +469,7 @@ impl Canon<'_> {
         if k == 1 {
             return Sum::constant(0);
         }
-        if let Some((g, q, r)) = self.factor_out(a, k) {
+        if let Some((g, q, r)) = self.factor_out(a, k, 1) {
             return if g == k {
                 self.tidy(r)
             } else {
@@ -533,6 +544,31 @@ mod tests {
             Expr::Int(16),
         );
         assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+    }
+
+    #[test]
+    fn divisions_factor_only_where_tvm_rewrites() {
+        let mut ext = Extents::new();
+        for (v, e) in [("c", 2), ("a", 32), ("b", 2), ("d", 2), ("e", 2), ("f", 16)] {
+            ext.insert(v.into(), e);
+        }
+        let c = Canon { extents: &ext };
+        let mul = |x: &str, k: i64| bin(BinOp::Mul, v(x), Expr::Int(k));
+        let add = |a: Expr, b: Expr| bin(BinOp::Add, a, b);
+        let div = |a: Expr, k: i64| bin(BinOp::FloorDiv, a, Expr::Int(k));
+        // floordiv(c * 64 + a * 2 + d, 32): 64 sets c aside, then a * 2 + d factors: a // 16.
+        let e = div(add(add(mul("c", 64), mul("a", 2)), v("d")), 32);
+        let want = add(mul("c", 2), div(v("a"), 16));
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+        // floordiv(f * 8 + b * 4 + d * 2 + e, 32), the rest below 8: three operands after
+        // f * 8, left whole.
+        let e = div(
+            add(add(add(mul("f", 8), mul("b", 4)), mul("d", 2)), v("e")),
+            32,
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), e);
+        // floordiv(c * 3, 2) for c < 2 is c: the residue floordiv(c, 2) is 0.
+        assert_eq!(c.sum(&div(mul("c", 3), 2)).unwrap().to_expr(), v("c"));
     }
 
     #[test]
