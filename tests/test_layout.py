@@ -105,9 +105,15 @@ def test_channels_the_block_does_not_divide_stay_as_they_are() -> None:
 
 
 def test_layout_arguments() -> None:
+    avx512 = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     assert parse_layout("NCHW") is None
     assert parse_layout("NCHWc") == 8
     assert parse_layout("NCHW16c") == 16
+    assert parse_layout("NCHW8c", avx512) == 8
+    # "NCHWc" fills the target's float32 vectors: 16 lanes with AVX-512, 8 with AVX2.
+    assert parse_layout("NCHWc", avx512) == 16
+    assert parse_layout("NCHWc", avx2) == 8
     for bad in ("NHWC", "NCHW0c", "nchwc", ""):
         with pytest.raises(MalformedInput, match="layout"):
             parse_layout(bad)

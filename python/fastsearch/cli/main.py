@@ -427,8 +427,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--layout",
         default="NCHWc",
-        help="a CNN's activation layout for its convolutions: NCHWc (channel-blocked, 8 channels a "
-        "block, default; NCHW16c names another block) or NCHW (as imported)",
+        help="a CNN's activation layout for its convolutions: NCHWc (channel-blocked, default: "
+        "blocks of 16 channels on AVX-512, else 8; NCHW8c or NCHW16c names a block) or NCHW "
+        "(as imported)",
     )
     p.add_argument(
         "--no-end-to-end",

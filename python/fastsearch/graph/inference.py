@@ -33,7 +33,7 @@ into the graph that should be tuned:
 ``dead-code``
     ``DeadCodeElimination``: what the folds left unused.
 
-With ``layout="NCHWc"`` (or ``"NCHW{b}c"``), the convolutions and the elementwise work between
+With ``layout="NCHWc"`` (blocks of 16 channels on an AVX-512 target, else 8) or ``"NCHW{b}c"``, the convolutions and the elementwise work between
 them are rewritten into channel-blocked activations just before ``legalize``
 (:func:`fastsearch.graph.layout.block_channels`); the default ``"NCHW"`` keeps the imported layout.
 
@@ -90,15 +90,17 @@ def optimize_for_inference(
     steps: Sequence[str] = STEPS,
     report: InferenceReport | None = None,
     layout: str = "NCHW",
+    target: tvm.target.Target | None = None,
 ) -> tvm.IRModule:
     """``mod`` (a Relax model) rewritten for inference by ``steps`` (a subset of
     :data:`STEPS`, run in the order of :data:`STEPS`); outputs are unchanged up to float
     rounding. ``layout`` (one of :data:`fastsearch.graph.layout.LAYOUTS`, or ``"NCHW{b}c"``) is the
-    activations' layout for convolutions. ``report``, when given, is filled in."""
+    activations' layout for convolutions; ``"NCHWc"``'s block follows ``target``'s vectors
+    (:func:`fastsearch.graph.layout.default_block`). ``report``, when given, is filled in."""
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise MalformedInput(f"unknown inference pipeline step(s) {unknown}; steps: {', '.join(STEPS)}")
-    block = parse_layout(layout)
+    block = parse_layout(layout, target)
     report = report if report is not None else InferenceReport()
     chosen = set(steps)
     for step in STEPS:

@@ -73,7 +73,8 @@ def tune(
       function's output (a :class:`~fastsearch.tuning.options.Verification` sets tolerances).
     - ``pipeline``, ``layout``, ``fusion``: what a Relax model becomes before its tasks are
       tuned: the inference pipeline (batch norm folded, epilogues fused), convolutions in
-      channel-blocked ``"NCHWc"`` or as imported (``"NCHW"``), and FuseOps' grouping or a
+      channel-blocked ``"NCHWc"`` (blocks of 16 channels on AVX-512, else 8; ``"NCHW{b}c"``
+      names a block) or as imported (``"NCHW"``), and FuseOps' grouping or a
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
     ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
@@ -97,7 +98,7 @@ def tune(
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     if pipeline == "inference" and is_relax_module(mod):
         assert isinstance(mod, IRModule)
-        mod = optimize_for_inference(mod, layout=layout)
+        mod = optimize_for_inference(mod, layout=layout, target=resolved)
     wname = name or loop.default_name(mod)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
     plan = TuningPlan(
