@@ -38,8 +38,8 @@ from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 from tvm_ffi import register_error, structural_hash
 
-from fastsearch import _core, errors
-from fastsearch.costmodel.features import N_FEATURES, extract_features_json
+from fastsearch import errors
+from fastsearch.costmodel.features import N_FEATURES, extract_features_each
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_text, traces_text
@@ -73,21 +73,6 @@ def _register_errors() -> None:
 _register_errors()
 
 
-def _engine_features(program: _core.Program, traces: Sequence[str]) -> list[np.ndarray | FastsearchError]:
-    """Per-store features of each trace, or the engine's error for one it cannot replay."""
-    try:
-        return list(extract_features_json(program, traces))
-    except FastsearchError:
-        # the batch failed as a whole: find the candidates that fail, keep the others
-        out: list[np.ndarray | FastsearchError] = []
-        for text in traces:
-            try:
-                out.append(extract_features_json(program, [text])[0])
-            except FastsearchError as exc:
-                out.append(exc)
-        return out
-
-
 def store_features(
     context: ms.TuneContext, candidates: Sequence[MeasureCandidate], fallback: bool = True
 ) -> tuple[list[np.ndarray], int]:
@@ -100,7 +85,7 @@ def store_features(
     if context.target is not None:
         require_searchable(context.target, "fastsearch's per-store features")
     texts = traces_text([c.sch.trace for c in candidates])
-    rows = _engine_features(imported_program(context.mod), texts)
+    rows = extract_features_each(imported_program(context.mod), texts)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
     if bad and not fallback:
         raise rows[bad[0]]  # type: ignore[misc]
@@ -477,7 +462,7 @@ class SearchStrategy(PySearchStrategy):
         replay, and scores the rest with the cost model."""
         todo = [i for i in individuals if i.pooled is None]
         if todo:
-            rows = _engine_features(self.program, traces_text([i.schedule.trace for i in todo]))
+            rows = extract_features_each(self.program, traces_text([i.schedule.trace for i in todo]))
             errors = [r for r in rows if isinstance(r, FastsearchError)]
             self.stats.unreplayable[self.task] = self.stats.unreplayable.get(self.task, 0) + len(errors)
             if errors:

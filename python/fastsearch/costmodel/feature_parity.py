@@ -18,7 +18,7 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-from fastsearch.costmodel.features import FEATURE_NAMES, design_space_candidates, extract_features_json
+from fastsearch.costmodel.features import FEATURE_NAMES, design_space_candidates, extract_features_each
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.tune_context import tune_context as bare_tune_context
 
@@ -70,17 +70,11 @@ def tvm_features(ctx: ms.TuneContext, func: tvm.tirx.PrimFunc, schs: list) -> li
 
 
 def ours_per_candidate(program: str, texts: list[str]) -> list[np.ndarray | str]:
-    """Our features, or the engine's error for a candidate it cannot replay."""
-    try:
-        return list(extract_features_json(program, texts))
-    except FastsearchError:
-        out: list[np.ndarray | str] = []
-        for text in texts:
-            try:
-                out.append(extract_features_json(program, [text])[0])
-            except FastsearchError as e:
-                out.append(f"{type(e).__name__}: {e}")
-        return out
+    """Our features, or the engine's error (as text) for a candidate it cannot replay."""
+    return [
+        f"{type(x).__name__}: {x}" if isinstance(x, FastsearchError) else x
+        for x in extract_features_each(program, texts)
+    ]
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:

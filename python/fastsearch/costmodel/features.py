@@ -16,7 +16,7 @@ import numpy as np
 from tvm.s_tir import Trace
 
 from fastsearch import _core
-from fastsearch.errors import InvalidTrace, ScheduleError
+from fastsearch.errors import FastsearchError, InvalidTrace, ScheduleError
 from fastsearch.ir.loop_nest import trace_json, traces_text, traces_text_chunks
 from fastsearch.ir.target import require_searchable, resolve_target
 from fastsearch.ir.tir_import import imported_program
@@ -95,6 +95,23 @@ def extract_features_json(program: str | _core.Program, traces: Sequence[str]) -
     if isinstance(program, str):
         program = _core.Program(program)
     return program.extract_features(list(traces))
+
+
+def extract_features_each(
+    program: str | _core.Program, traces: Sequence[str]
+) -> list[np.ndarray | FastsearchError]:
+    """:func:`extract_features_json` of each trace, or the engine's error for one it cannot
+    replay: the batch first, then, when it fails as a whole, one trace at a time."""
+    try:
+        return list(extract_features_json(program, traces))
+    except FastsearchError:
+        out: list[np.ndarray | FastsearchError] = []
+        for text in traces:
+            try:
+                out.append(extract_features_json(program, [text])[0])
+            except FastsearchError as exc:
+                out.append(exc)
+        return out
 
 
 def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> list[np.ndarray]:
