@@ -38,6 +38,18 @@ impl Split {
     fn same_form(&self, other: &Split) -> bool {
         self.index == other.index && self.lower == other.lower && self.upper == other.upper
     }
+
+    /// What the term divides by `lower`: its index (a sum as it is), with the modulo kept.
+    pub fn dividend(&self) -> Sum {
+        match (&self.index, self.upper) {
+            (Index::Sum(s), None) => (**s).clone(),
+            _ => Sum::term(Split {
+                lower: 1,
+                scale: 1,
+                ..self.clone()
+            }),
+        }
+    }
 }
 
 impl Sum {
@@ -45,6 +57,14 @@ impl Sum {
         Sum {
             terms: Vec::new(),
             base: c,
+        }
+    }
+
+    /// The sum of one term.
+    pub fn term(t: Split) -> Sum {
+        Sum {
+            terms: vec![t],
+            base: 0,
         }
     }
 
@@ -414,13 +434,10 @@ impl Canon<'_> {
         }
         let mut out = divisible;
         if let [t] = rest.terms.as_slice() {
-            let unit = Sum {
-                terms: vec![Split {
-                    scale: 1,
-                    ..t.clone()
-                }],
-                base: 0,
-            };
+            let unit = Sum::term(Split {
+                scale: 1,
+                ..t.clone()
+            });
             let (lo, _) = self.bounds(&unit);
             if t.scale > 0 && lo >= 0 {
                 // floordiv(x * c + b, k) == x * (c // k) + floordiv(x * (c % k) + b, k), and the
@@ -437,16 +454,7 @@ impl Canon<'_> {
             if t.scale == 1 && t.lower > 1 {
                 // floordiv(floordiv(x, l) + c, k) == floordiv(x + c * l, l * k), as TVM's
                 // rewrite simplifier folds it (a padded input read at `(h // 8 + 1) // 2`).
-                let x = match (&t.index, t.upper) {
-                    (Index::Sum(inner), None) => inner.add(&Sum::constant(rest.base * t.lower), 1),
-                    _ => Sum {
-                        terms: vec![Split {
-                            lower: 1,
-                            ..t.clone()
-                        }],
-                        base: rest.base * t.lower,
-                    },
-                };
+                let x = t.dividend().add(&Sum::constant(rest.base * t.lower), 1);
                 out.push(Split {
                     index: Index::Sum(Box::new(x)),
                     lower: t.lower * k,

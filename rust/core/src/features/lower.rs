@@ -230,19 +230,34 @@ fn index_vars(i: &Index, out: &mut Vec<String>) {
     }
 }
 
+/// Which variables a term reads, relative to an allocation point.
+#[derive(PartialEq)]
+enum Side {
+    Outer,
+    Inner,
+    Both,
+}
+
+fn side(t: &Split, outer_vars: &[String]) -> Side {
+    let mut vs = Vec::new();
+    index_vars(&t.index, &mut vs);
+    let outer = vs.iter().filter(|v| outer_vars.contains(v)).count();
+    if outer == vs.len() {
+        Side::Outer
+    } else if outer == 0 {
+        Side::Inner
+    } else {
+        Side::Both
+    }
+}
+
 fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
     let mut outer = Sum::constant(0);
     let mut inner = Sum::constant(s.base);
     let mut inner_span = 0;
     for t in &s.terms {
-        let mut vs = Vec::new();
-        index_vars(&t.index, &mut vs);
-        let one = Sum {
-            terms: vec![t.clone()],
-            base: 0,
-        };
-        if vs.iter().all(|v| outer_vars.contains(v)) {
-            outer = outer.add(&one, 1);
+        if side(t, outer_vars) == Side::Outer {
+            outer = outer.add(&Sum::term(t.clone()), 1);
         } else if let Some((start, span)) = split_over_inner(canon, t, outer_vars) {
             // `floordiv(O + I, k) * c` with `I` spanning a multiple of `k`: an outer start
             // and a constant span, as TVM's simplifier proves.
@@ -250,7 +265,7 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
             inner = inner.add(&Sum::constant(span.min(0)), 1);
             inner_span += span.abs();
         } else {
-            inner = inner.add(&one, 1);
+            inner = inner.add(&Sum::term(t.clone()), 1);
         }
     }
     let (lo, hi) = canon.bounds(&inner);
@@ -272,18 +287,10 @@ fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(
     }
     let (mut o, mut i) = (Sum::constant(s.base), Sum::constant(0));
     for u in &s.terms {
-        let mut vs = Vec::new();
-        index_vars(&u.index, &mut vs);
-        let one = Sum {
-            terms: vec![u.clone()],
-            base: 0,
-        };
-        if vs.iter().all(|v| outer_vars.contains(v)) {
-            o = o.add(&one, 1);
-        } else if vs.iter().all(|v| !outer_vars.contains(v)) {
-            i = i.add(&one, 1);
-        } else {
-            return None;
+        match side(u, outer_vars) {
+            Side::Outer => o = o.add(&Sum::term(u.clone()), 1),
+            Side::Inner => i = i.add(&Sum::term(u.clone()), 1),
+            Side::Both => return None,
         }
     }
     let (a, b) = canon.bounds(&i);
@@ -704,19 +711,7 @@ fn normalize_comparison(canon: &Canon, op: &BinOp, x: Sum, y: Sum) -> Expr {
     // modulo too: `x % 171 // 19 < 8` is `x % 171 < 152`), and are simplified again: the loop
     // ranges may decide the new form, or its constant move across.
     let div_of = |s: &Sum| match s.terms.as_slice() {
-        [t] if s.base == 0 && t.scale == 1 && t.lower > 1 => {
-            let inner = match (&t.index, t.upper) {
-                (super::index::Index::Sum(sum), None) => (**sum).clone(),
-                _ => Sum {
-                    terms: vec![super::index::Split {
-                        lower: 1,
-                        ..t.clone()
-                    }],
-                    base: 0,
-                },
-            };
-            Some((inner, t.lower))
-        }
+        [t] if s.base == 0 && t.scale == 1 && t.lower > 1 => Some((t.dividend(), t.lower)),
         _ => None,
     };
     match op {
