@@ -33,8 +33,9 @@ into the graph that should be tuned:
 ``dead-code``
     ``DeadCodeElimination``: what the folds left unused.
 
-With ``layout="NCHWc"`` (blocks of 16 channels on an AVX-512 target, else 8) or ``"NCHW{b}c"``, the convolutions and the elementwise work between
-them are rewritten into channel-blocked activations just before ``legalize``
+With ``layout="NCHWc"`` (blocks of 16 channels on an AVX-512 target, else 8) or
+``"NCHW{b}c"``, the convolutions and the elementwise work between them are rewritten into
+channel-blocked activations just before ``legalize``
 (:func:`fastsearch.graph.layout.block_channels`); the default ``"NCHW"`` keeps the imported layout.
 
 TVM's ``static_shape_tuning_pipeline`` runs the same first three steps and legalization but
