@@ -8,7 +8,7 @@ import pytest
 import tvm
 from fastsearch import MalformedInput
 from fastsearch.graph.inference import InferenceReport, optimize_for_inference
-from fastsearch.graph.layout import block_channels, parse_layout
+from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, parse_layout
 from fastsearch.graph.relax_tasks import extract_tasks
 from fastsearch.tuning.tune import tune
 from tvm import relax
@@ -102,6 +102,45 @@ def test_channels_the_block_does_not_divide_stay_as_they_are() -> None:
     assert converted == 0 and same is mod
     _, converted = block_channels(mod, 4)
     assert converted == 1
+
+
+def test_channels_between_blocks_take_a_smaller_block() -> None:
+    # 16 -> 24 -> 24 (depthwise) -> 16 channels in blocks of 16: the 24-channel tensors take
+    # blocks of 8, so no convolution stays in NCHW and no layout transform sits between them.
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 16, 7, 7), "float32"))
+    bb = relax.BlockBuilder()
+
+    def weight(*shape: int) -> relax.Expr:
+        return relax.const(rng.standard_normal(shape).astype("float32"))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(R.nn.relu(R.nn.conv2d(x, weight(16, 16, 1, 1))))
+            y = bb.emit(R.nn.conv2d(y, weight(24, 16, 1, 1)))
+            y = bb.emit(R.nn.conv2d(y, weight(24, 1, 3, 3), padding=1, groups=24))
+            out = bb.emit_output(R.nn.conv2d(y, weight(16, 24, 1, 1)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    blocked, converted = block_channels(mod, 16)
+    assert converted == 4
+    layouts = [
+        (str(v.value.attrs.data_layout), str(v.value.attrs.kernel_layout), str(v.value.attrs.out_layout))
+        for blk in blocked["main"].body.blocks
+        for v in blk.bindings
+        if isinstance(v.value, relax.Call) and getattr(v.value.op, "name", "") == "relax.nn.conv2d"
+    ]
+    assert layouts == [
+        ("NCHW16c", "OIHW16i16o", "NCHW16c"),
+        ("NCHW16c", "OIHW16i8o", "NCHW8c"),
+        ("NCHW8c", "OIHW1i8o", "NCHW8c"),
+        ("NCHW8c", "OIHW8i16o", "NCHW16c"),
+    ]
+    inputs = [rng.standard_normal((1, 16, 7, 7)).astype("float32")]
+    legal = relax.transform.LegalizeOps(customize_legalize_map={"relax.nn.conv2d": legalize_blocked_conv2d})(
+        blocked
+    )
+    _close(_run(legal, inputs), _run(mod, inputs))
 
 
 def test_layout_arguments() -> None:

@@ -7,11 +7,13 @@ every per-channel epilogue can vectorize along channels, whose counts are multip
 networks people run.
 
 :func:`block_channels` rewrites a Relax model (after the inference pipeline's folds, before
-legalization) so that every convolution whose input and output channels ``b`` divides, every
-elementwise operation between such tensors and per-channel or scalar constants, max pooling and
-global average pooling run blocked. A stem, whose 3 input channels ``b`` does not divide, reads
+legalization) so that convolutions, elementwise operations between their outputs and per-channel
+or scalar constants, max pooling and global average pooling run blocked. Each tensor takes the
+largest of ``b``, ``b/2``, ... (down to 8) that divides its channels, so a 24-channel tensor
+among 16-channel blocks runs in blocks of 8, and a convolution may read one block and write
+another (kernel ``OIHW{bi}i{bo}o``). A stem, whose 3 input channels ``b`` does not divide, reads
 its NCHW input as it is and writes blocked channels (kernel ``OIHW{b}o``), so the image is never
-transformed. Weights are re-laid out here, once (``OIHW{b}i{b}o``; depthwise ``OIHW1i{b}o``).
+transformed. Weights are re-laid out here, once (``OIHW{bi}i{bo}o``; depthwise ``OIHW1i{b}o``).
 Activations are transformed where a blocked tensor meets an operation that is not converted (the
 reshape after global pooling, say) and where a blocked convolution reads an unblocked tensor:
 each such transform is a small kernel of its own. TOPI cannot legalize blocked
@@ -132,20 +134,32 @@ class _Blocker:
 
     def __init__(self, mod: tvm.IRModule, block: int) -> None:
         self.mod = mod
-        self.b = block
+        self.b = block  # the largest block; a tensor's own is :meth:`block_of` its channels
         self.blocked: dict[relax.Var, relax.Var] = {}  # original var -> its blocked twin
         self.plain: dict[relax.Var, relax.Var] = {}  # original var -> where it is defined plainly
         self.bindings: list[relax.Binding] = []
         self.converted = 0
+
+    def block_of(self, channels: int) -> int | None:
+        """The block of a tensor with ``channels`` channels: the largest of ``b``, ``b/2``, ...
+        (not under 8, or ``b`` when it is smaller) that divides them; ``None`` when none does.
+        MobileNetV2's 24-channel stage runs in blocks of 8 amid blocks of 16, its convolutions
+        reading one block and writing the other, rather than in NCHW behind layout transforms."""
+        b = self.b
+        while b >= min(8, self.b):
+            if channels % b == 0:
+                return b
+            b //= 2
+        return None
 
     # -- emitting ------------------------------------------------------------------------------
 
     def emit_twin(self, var: relax.Var, value: relax.Expr) -> relax.Var:
         """Bind ``value``, the blocked form of ``var`` (a plain NCHW tensor), as ``var``'s twin."""
         n, c, h, w = _shape(var)  # type: ignore[misc]
-        twin = relax.DataflowVar(
-            f"{var.name}_blocked", relax.TensorType((n, c // self.b, h, w, self.b), var.ty.dtype)
-        )
+        b = self.block_of(c)
+        assert b is not None, "only tensors with a block are blocked"
+        twin = relax.DataflowVar(f"{var.name}_blocked", relax.TensorType((n, c // b, h, w, b), var.ty.dtype))
         self.bindings.append(relax.VarBinding(twin, value))
         self.blocked[var] = twin
         return twin
@@ -153,7 +167,7 @@ class _Blocker:
     def blocked_of(self, var: relax.Var) -> relax.Var:
         """``var`` blocked: its twin, or a layout transform of it (emitted once)."""
         if var not in self.blocked:
-            b = self.b
+            b = self.block_of(_shape(var)[1])  # type: ignore[index]
             self.emit_twin(
                 var, relax.op.layout_transform(var, index_map=lambda i, j, k, m: (i, j // b, k, m, j % b))
             )
@@ -164,7 +178,7 @@ class _Blocker:
         when only that was emitted; ``keep`` binds ``var`` itself (a block's output)."""
         if var in self.plain:
             return self.plain[var]
-        b = self.b
+        b = int(self.blocked[var].ty.shape[4])
         value = relax.op.layout_transform(
             self.blocked[var], index_map=lambda i, j, k, m, cb: (i, j * b + cb, k, m)
         )
@@ -200,27 +214,28 @@ class _Blocker:
             return False
         if a.out_dtype is not None and str(a.out_dtype) not in ("", "float32", "void"):
             return False
-        b, groups = self.b, int(a.groups)
+        groups = int(a.groups)
         cout, cin = weight.shape[0], _shape(data)[1]  # type: ignore[index]
+        bo, bi = self.block_of(cout), self.block_of(cin)
         depthwise = groups == cin == cout
         # A stem reads 3 channels: its input stays NCHW and only its output is blocked, each
         # input value broadcast against a vector of output channels.
-        plain_in = groups == 1 and cin % b != 0
-        if cout % b or (cin % b and not plain_in) or not (groups == 1 or depthwise):
+        plain_in = groups == 1 and bi is None
+        if bo is None or (bi is None and not plain_in) or not (groups == 1 or depthwise):
             return False
         kh, kw = weight.shape[2], weight.shape[3]
         data_in, data_layout = (
-            (self.remap(data), "NCHW") if plain_in else (self.blocked_of(data), f"NCHW{b}c")
+            (self.remap(data), "NCHW") if plain_in else (self.blocked_of(data), f"NCHW{bi}c")
         )
-        if plain_in:  # (O, I, KH, KW) -> (O/b, I, KH, KW, b)
-            w6 = weight.reshape(cout // b, b, cin, kh, kw).transpose(0, 2, 3, 4, 1)
-            kernel_layout = f"OIHW{b}o"
+        if plain_in:  # (O, I, KH, KW) -> (O/bo, I, KH, KW, bo)
+            w6 = weight.reshape(cout // bo, bo, cin, kh, kw).transpose(0, 2, 3, 4, 1)
+            kernel_layout = f"OIHW{bo}o"
         elif depthwise:  # (C, 1, KH, KW) -> (C/b, 1, KH, KW, 1, b)
-            w6 = weight.reshape(cout // b, b, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
-            kernel_layout = f"OIHW1i{b}o"
-        else:  # (O, I, KH, KW) -> (O/b, I/b, KH, KW, b_i, b_o)
-            w6 = weight.reshape(cout // b, b, cin // b, b, kh, kw).transpose(0, 2, 4, 5, 3, 1)
-            kernel_layout = f"OIHW{b}i{b}o"
+            w6 = weight.reshape(cout // bo, bo, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
+            kernel_layout = f"OIHW1i{bo}o"
+        else:  # (O, I, KH, KW) -> (O/bo, I/bi, KH, KW, bi, bo)
+            w6 = weight.reshape(cout // bo, bo, cin // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+            kernel_layout = f"OIHW{bi}i{bo}o"
         conv = relax.op.nn.conv2d(
             data_in,
             relax.const(np.ascontiguousarray(w6, dtype="float32")),
@@ -230,7 +245,7 @@ class _Blocker:
             groups=groups,
             data_layout=data_layout,
             kernel_layout=kernel_layout,
-            out_layout=f"NCHW{b}c",
+            out_layout=f"NCHW{bo}c",
         )
         self.emit_twin(var, conv)
         self.converted += 1
@@ -247,10 +262,11 @@ class _Blocker:
         if const.size == 1:
             return relax.const(const.reshape(()))
         c = like[1]
+        b = self.block_of(c)
         shape = (1,) * (4 - const.ndim) + tuple(const.shape) if const.ndim <= 4 else None
-        if shape is None or shape != (1, c, 1, 1):
+        if shape is None or shape != (1, c, 1, 1) or b is None:
             return None
-        return relax.const(np.ascontiguousarray(const.reshape(1, c // self.b, 1, 1, self.b)))
+        return relax.const(np.ascontiguousarray(const.reshape(1, c // b, 1, 1, b)))
 
     def elementwise(self, var: relax.Var, op_name: str, args: list[relax.Expr]) -> bool:
         like = _shape(var)
@@ -292,7 +308,7 @@ class _Blocker:
             return False
         if str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW":
             return False
-        layout = f"NCHW{self.b}c"
+        layout = f"NCHW{int(self.blocked[data].ty.shape[4])}c"
         pooled = relax.op.nn.max_pool2d(
             self.blocked[data],
             pool_size=[int(x) for x in a.pool_size],
@@ -456,12 +472,13 @@ def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
     block = blocked_layout(str(a.data_layout))
     data = _shape(call.args[0])
     channels = data[1] * data[4] if data is not None and len(data) == 5 else None
-    # Ours: dense or depthwise, with the kernel layouts block_channels writes; TVM's rule
-    # otherwise (it declines channel-chunk layouts and leaves the call as it is).
-    ours = block is not None and str(a.out_layout) == str(a.data_layout) and channels is not None
+    # Ours: dense (reading blocks of one size, writing blocks of another) or depthwise, with the
+    # kernel layouts block_channels writes; TVM's rule otherwise (it declines channel-chunk
+    # layouts and leaves the call as it is).
+    ours = block is not None and out_block is not None and channels is not None
     ours = ours and (
-        (int(a.groups) == 1 and str(a.kernel_layout) == f"OIHW{block}i{block}o")
-        or (int(a.groups) == channels and str(a.kernel_layout) == f"OIHW1i{block}o")
+        (int(a.groups) == 1 and str(a.kernel_layout) == f"OIHW{block}i{out_block}o")
+        or (int(a.groups) == channels and out_block == block and str(a.kernel_layout) == f"OIHW1i{block}o")
     )
     if not ours:
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
