@@ -17,7 +17,7 @@ from tvm.s_tir import Trace
 
 from fastsearch import _core
 from fastsearch.errors import FastsearchError, InvalidTrace, ScheduleError
-from fastsearch.ir.loop_nest import trace_json, traces_text, traces_text_chunks
+from fastsearch.ir.loop_nest import trace_json, traces_text
 from fastsearch.ir.target import require_searchable, resolve_target
 from fastsearch.ir.tir_import import imported_program
 
@@ -124,42 +124,33 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
         # An unknown or malformed target is an InvalidTarget naming it, a GPU one unsupported.
         require_searchable(resolve_target(target), "fastsearch.extract_features")
     program = imported_program(mod)
-    # TVM Traces through TVM's C++ JSON writer, a chunk at a time on worker threads, while the
-    # engine replays the chunks already written; text and as_json() values are taken as they are.
+    # TVM Traces through TVM's C++ JSON writer; text and as_json() values are taken as they are.
+    # Then one engine call: on 2 cores, converting while the engine extracted (both want the
+    # CPUs) took longer than one after the other.
     tvm_traces = [t for t in traces if isinstance(t, Trace)]
-    if len(tvm_traces) < len(traces):
-        converted = iter(traces_text(tvm_traces))
-        texts = [
-            next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
-            for t in traces
-        ]
-        return _extract_batch(program, texts)
-    rows: list[np.ndarray] = []
-    for chunk in traces_text_chunks(tvm_traces):
-        rows.extend(_extract_batch(program, chunk, offset=len(rows), total=len(traces)))
-    return rows
+    converted = iter(traces_text(tvm_traces))
+    texts = [
+        next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
+        for t in traces
+    ]
+    return _extract_batch(program, texts)
 
 
-def _extract_batch(
-    program: _core.Program, texts: Sequence[str], offset: int = 0, total: int | None = None
-) -> list[np.ndarray]:
+def _extract_batch(program: _core.Program, texts: Sequence[str]) -> list[np.ndarray]:
     try:
         return program.extract_features(list(texts))
     except (InvalidTrace, ScheduleError) as exc:
-        raise _name_bad_trace(program, texts, exc, offset, total) from exc
+        raise _name_bad_trace(program, texts, exc) from exc
 
 
-def _name_bad_trace(
-    program: _core.Program, texts: Sequence[str], exc: Exception, offset: int = 0, total: int | None = None
-) -> Exception:
-    """The engine's error for a batch names no trace: find the first one that fails alone
-    (numbered in the caller's whole list, of which ``texts`` starts at ``offset``)."""
+def _name_bad_trace(program: _core.Program, texts: Sequence[str], exc: Exception) -> Exception:
+    """The engine's error for a batch names no trace: find the first one that fails alone."""
     for i, text in enumerate(texts):
         try:
             program.apply_trace(text)
         except (InvalidTrace, ScheduleError) as one:
             excerpt = text if len(text) <= 80 else text[:77] + "..."
-            return type(one)(f"trace {offset + i} of {total or len(texts)} ({excerpt!r}): {one}")
+            return type(one)(f"trace {i} of {len(texts)} ({excerpt!r}): {one}")
     return exc
 
 
