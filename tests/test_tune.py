@@ -277,3 +277,34 @@ def test_final_round_off(tmp_path):
     result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, progress=False, measure=NO_FINAL)
     assert result.tasks["main"].final is None and "final" not in result.timing
     assert len(_stored(tmp_path)) == 4
+
+
+def test_cold_weights(tmp_path, monkeypatch):
+    """A task whose arguments after the first outgrow a core's L2 is timed with them flushed,
+    one call per repeat (``MeasureConfig.cold_weights``): by default only in a whole model."""
+    from fastsearch.measure import measurer
+
+    info = ms.arg_info.ArgInfo.from_prim_func(gmm())  # 3 x 64 KiB
+    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 100_000)
+    assert MeasureConfig().times_cold(info, whole_model=True)
+    assert not MeasureConfig().times_cold(info, whole_model=False)
+    assert MeasureConfig(cold_weights=True).times_cold(info, whole_model=False)
+    assert not MeasureConfig(cold_weights=False).times_cold(info, whole_model=True)
+    assert not MeasureConfig(enable_cpu_cache_flush=True).times_cold(info, whole_model=True)
+    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 200_000)
+    assert not MeasureConfig().times_cold(info, whole_model=True)
+
+    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 1024)
+    config = MeasureConfig(cold_weights=True, cold_repeat=4, final_candidates=2, final_rounds=2)
+    result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, progress=False, measure=config)
+    assert result.tasks["main"].cold
+    # Each record holds one time per cold call: 4, or 4 more per confirming run of a best.
+    counts = {len(row[1][1]) for row in _stored(tmp_path)}
+    assert counts <= {4 * (1 + k) for k in range(config.confirm_runs + 1)} and 4 in counts, counts
+    _check_gmm(result)
+
+
+def test_l2_cache_size_is_read():
+    from fastsearch.measure.measurer import l2_cache_bytes
+
+    assert 64 * 1024 <= l2_cache_bytes() <= 64 * 1024 * 1024

@@ -263,10 +263,13 @@ def task_table(result: Any) -> str:
         share = f"{100 * t.weight * t.best_latency_us / total:5.1f}%" if total and t.best_latency_us else "-"
         gflops = getattr(t, "gflops", None)
         rate = f"{gflops:8.1f}" if gflops else f"{'-':>8}"
+        cold = " cold" if getattr(t, "cold", False) else ""
         lines.append(
-            f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}  {rate}"
+            f"{task_name:<{width}}  {t.weight:>6}  {trials:>6}  {format_latency(t.best_latency_us):>11}  {share:>6}  {rate}{cold}"
         )
     lines.append(f"{'total (weighted)':<{width}}  {'':>6}  {'':>6}  {format_latency(total or None):>11}")
+    if any(getattr(t, "cold", False) for t in result.tasks.values()):
+        lines.append("(cold: timed with its weights flushed from the caches, as a model runs it)")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ the runner returns, stored as MetaSchedule stores them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import shutil
@@ -19,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,6 +112,16 @@ class MeasureConfig:
     again and timed side by side (:meth:`Measurer.side_by_side`) in ``final_rounds`` interleaved
     rounds; a challenger that beats the best in the mean of its per-round ratios (and computes
     the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
+
+    ``cold_weights``: a task whose arguments after the first (its weights and output) outgrow a
+    core's L2 cache (:func:`l2_cache_bytes`) is timed with them flushed from the caches before
+    each call (``cold_repeat`` calls, by their mean), while tuning and in its final round. In a
+    model such a kernel streams its weights from memory on every inference: ResNet-18's
+    512-channel 3x3 convolutions (9.4 MB of weights) took 0.73 ms alone with warm caches and
+    1.24 ms in the model, and among a task's 8 best with warm caches, the best with cold ones
+    was up to 9% faster cold than the warm best. ``None`` (the default) does this when tuning a
+    whole model only; ``True`` for every task; ``False`` never. A kernel is then faster in the
+    model than alone, and ``enable_cpu_cache_flush`` (every task, every size) takes precedence.
     """
 
     number: int = 1
@@ -124,15 +136,51 @@ class MeasureConfig:
     confirm_runs: int = 2
     final_candidates: int = 4
     final_rounds: int = 5
+    cold_weights: bool | None = None
+    cold_repeat: int = 10
 
-    def evaluator_config(self) -> EvaluatorConfig:
-        """The MetaSchedule :class:`EvaluatorConfig` of this configuration."""
+    def evaluator_config(self, cold: bool = False) -> EvaluatorConfig:
+        """The MetaSchedule :class:`EvaluatorConfig` of this configuration; ``cold``: one call
+        per repeat, ``cold_repeat`` of them, every argument but the first flushed before each."""
+        if cold and not self.enable_cpu_cache_flush:
+            return EvaluatorConfig(
+                number=1, repeat=self.cold_repeat, min_repeat_ms=0, enable_cpu_cache_flush=True
+            )
         return EvaluatorConfig(
             number=self.number,
             repeat=self.repeat,
             min_repeat_ms=self.min_repeat_ms,
             enable_cpu_cache_flush=self.enable_cpu_cache_flush,
         )
+
+    def times_cold(self, args_info: Sequence[ms.arg_info.ArgInfo], whole_model: bool) -> bool:
+        """Whether a task with these arguments is timed with cold weights (``cold_weights``)."""
+        if self.enable_cpu_cache_flush or self.cold_weights is False:
+            return False
+        if self.cold_weights is None and not whole_model:
+            return False
+        return sum(_arg_bytes(info) for info in list(args_info)[1:]) > l2_cache_bytes()
+
+
+def _arg_bytes(info: ms.arg_info.ArgInfo) -> int:
+    _, dtype, shape = plain_args_info(info)
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+@functools.cache
+def l2_cache_bytes() -> int:
+    """One core's L2 cache on this machine (Linux's sysfs), 1 MiB where it cannot be read."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            if (index / "level").read_text().strip() != "2" or "Instruction" in (index / "type").read_text():
+                continue
+            size = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            return int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return 1 << 20
 
 
 @dataclass
@@ -319,6 +367,7 @@ class Measurer:
         self.builder = LocalBuilder(
             max_workers=workers, timeout_sec=self.config.build_timeout_s, f_build=f_build
         )
+        self._cold_runner: LocalRunner | None = None  # made on first use (cold weights)
         self.device_type = device_type(target)
         self.build_seconds = 0.0
         self.run_seconds = 0.0
@@ -332,10 +381,11 @@ class Measurer:
 
     def close(self) -> None:
         """Stop the runner's worker processes."""
-        pool = getattr(self.runner, "pool", None)
-        if pool is not None:
-            with contextlib.suppress(Exception):  # the worker is already gone
-                pool.shutdown()
+        for runner in (self.runner, self._cold_runner):
+            pool = getattr(runner, "pool", None)
+            if pool is not None:
+                with contextlib.suppress(Exception):  # the worker is already gone
+                    pool.shutdown()
         if self._isolated is not None:
             with contextlib.suppress(Exception):
                 self._isolated.kill()
@@ -397,11 +447,13 @@ class Measurer:
         arrays: Sequence[np.ndarray] | Sequence[Sequence[np.ndarray]],
         rounds: int,
         entry: str = "main",
+        cold: bool = False,
     ) -> list[list[float]]:
         """Seconds per call of each built candidate, timed in ``rounds`` interleaved rounds (every
         other round in reverse order) on the same ``arrays`` in one worker process of their own
         (or on ``arrays[i]`` for candidate ``i``, when ``arrays`` holds one list per candidate:
-        candidates that take a prepacked weight each take it in their own layout).
+        candidates that take a prepacked weight each take it in their own layout). ``cold``:
+        timed with cold weights (``MeasureConfig.cold_weights``).
 
         Candidates timed together share the process's memory placement and the machine's state
         of the moment, which move a kernel's time by tens of percent from one measurement to
@@ -423,7 +475,11 @@ class Measurer:
                 self.device_type,
                 rounds,
                 self.config.min_repeat_ms,
-                self.config.repeat if self.config.enable_cpu_cache_flush else 0,
+                self.config.repeat
+                if self.config.enable_cpu_cache_flush
+                else self.config.cold_repeat
+                if cold
+                else 0,
             ),
             timeout=timeout,
         )
@@ -436,14 +492,28 @@ class Measurer:
         finally:
             self.run_seconds += time.perf_counter() - t0
 
+    def _runner_for(self, cold: bool) -> LocalRunner | _MSRPCRunner:
+        """The runner timing a task: with cold weights, a local runner of its own."""
+        if not cold or self.remote is not None:
+            return self.runner
+        if self._cold_runner is None:
+            self._cold_runner = LocalRunner(
+                timeout_sec=self.config.run_timeout_s,
+                evaluator_config=self.config.evaluator_config(cold=True),
+                cooldown_sec=self.config.cooldown_s,
+            )
+        return self._cold_runner
+
     def measure(
-        self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo]
+        self, mods: Sequence[IRModule], args_info: Sequence[ms.arg_info.ArgInfo], cold: bool = False
     ) -> list[MeasureResult]:
         """Build all ``mods`` in parallel, then time each one that built.
 
         ``args_info`` describes the arguments of the ``main`` function (the same for every
         candidate of a workload). Artifacts stay on disk (``artifact_path``) until :meth:`release`.
+        ``cold``: timed with cold weights (``MeasureConfig.cold_weights``; local runs only).
         """
+        runner = self._runner_for(cold)
         if not mods:
             return []
         results = self.build(mods)
@@ -456,7 +526,7 @@ class Measurer:
         for start in range(0, len(to_run), self.run_workers):
             chunk = to_run[start : start + self.run_workers]
             try:
-                futures = self.runner.run(
+                futures = runner.run(
                     [
                         RunnerInput(results[i].artifact_path, self.device_type, results[i].args_info or info)
                         for i in chunk
@@ -464,26 +534,29 @@ class Measurer:
                 )
             except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
                 for i in chunk:
-                    results[i].fail("run error", f"{type(self.runner).__name__} failed: {exc}")
+                    results[i].fail("run error", f"{type(runner).__name__} failed: {exc}")
                 continue
             for i, future in zip(chunk, futures):
                 self._collect(results[i], future)
         self.run_seconds += time.perf_counter() - t0
         return results
 
-    def confirm(self, result: MeasureResult, args_info: Sequence[ms.arg_info.ArgInfo]) -> None:
+    def confirm(
+        self, result: MeasureResult, args_info: Sequence[ms.arg_info.ArgInfo], cold: bool = False
+    ) -> None:
         """Runs a built candidate ``confirm_runs`` more times and adds their timings to
         ``result.run_secs`` (a failing run marks it failed, as the first would have)."""
         info = list(result.args_info or args_info)
+        runner = self._runner_for(cold)
         for _ in range(self.config.confirm_runs):
             if not result.ok or result.artifact_path is None:
                 return
             first = list(result.run_secs or [])
             t0 = time.perf_counter()
             try:
-                (future,) = self.runner.run([RunnerInput(result.artifact_path, self.device_type, info)])
+                (future,) = runner.run([RunnerInput(result.artifact_path, self.device_type, info)])
             except Exception as exc:  # noqa: BLE001  (a failed candidate must not stop the search)
-                result.fail("run error", f"{type(self.runner).__name__} failed: {exc}")
+                result.fail("run error", f"{type(runner).__name__} failed: {exc}")
                 return
             self._collect(result, future)
             self.run_seconds += time.perf_counter() - t0

@@ -40,6 +40,7 @@ from fastsearch.ir.tir_import import program_json
 from fastsearch.measure.measurer import (
     FAILURE_KINDS,
     CandidateFault,
+    MeasureConfig,
     Measurer,
     MeasureResult,
     RPCRunner,
@@ -74,6 +75,7 @@ class _Task:
     best_secs: float = math.inf
     weight: int = 1
     pristine: IRModule | None = None  # an untouched copy for the reference output
+    cold: bool = False  # timed with cold weights (MeasureConfig.cold_weights)
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
 
@@ -337,7 +339,10 @@ def _prepare(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan, timing: dict[s
             pristine=fresh_copy(tmod),
             result=result,
             weight=weights[fname],
+            cold=plan.runner is None
+            and (plan.measure or MeasureConfig()).times_cold(args_info, whole_model=bool(model_tasks)),
         )
+        result.cold = task.cold
         best = db.best(workload)
         if best is not None:
             task.best_secs = mean_run_secs([float(s) for s in best.run_secs])
@@ -636,7 +641,7 @@ def _run_batch(
     results = [
         MeasureResult(error=c.error, failure=None if c.error is None else "apply error") for c in batch
     ]
-    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info)  # type: ignore[union-attr]
+    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info, cold=task.cold)  # type: ignore[union-attr]
     for i, res in zip(runnable, measured):
         results[i] = res
 
@@ -648,7 +653,9 @@ def _run_batch(
             if mean_run_secs(results[i].run_secs) >= task.best_secs:
                 break
             t0 = time.perf_counter()
-            measurer.confirm(results[i], task.args_info)  # more runs: a lucky one makes no best
+            measurer.confirm(
+                results[i], task.args_info, cold=task.cold
+            )  # more runs: a lucky one makes no best
             timing["run"] += time.perf_counter() - t0
             if not results[i].ok:
                 continue
@@ -754,7 +761,11 @@ def _final_round(
         layouts = [built[keep.index(i)].args_info or task.args_info for i in ok]
         try:
             times = measurer.side_by_side(
-                paths, [random_arguments(info, seed=1) for info in layouts], cfg.final_rounds, task.entry
+                paths,
+                [random_arguments(info, seed=1) for info in layouts],
+                cfg.final_rounds,
+                task.entry,
+                cold=task.cold,
             )
         except CandidateFault:
             return None

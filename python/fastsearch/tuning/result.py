@@ -116,6 +116,7 @@ class TaskResult:
     functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
     final: FinalRound | None = None  # the best and its runners-up timed side by side at the end
     flops: float | None = None  # floating-point operations per call, when TVM can count them
+    cold: bool = False  # timed with its weights flushed from the caches (MeasureConfig.cold_weights)
 
     @property
     def gflops(self) -> float | None:
