@@ -280,18 +280,18 @@ def test_final_round_off(tmp_path):
 
 
 def test_cold_weights(tmp_path, monkeypatch):
-    """A task whose arguments after the first outgrow a core's L2 is timed with them flushed,
-    one call per repeat (``MeasureConfig.cold_weights``): by default only in a whole model."""
+    """A task whose weights outgrow twice a core's L2 is timed with them flushed, one call per
+    repeat (``MeasureConfig.cold_weights``): by default only in a whole model."""
     from fastsearch.measure import measurer
 
-    info = ms.arg_info.ArgInfo.from_prim_func(gmm())  # 3 x 64 KiB
-    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 100_000)
+    info = ms.arg_info.ArgInfo.from_prim_func(gmm())  # 3 x 64 KiB: input, weight, output
+    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 30_000)
     assert MeasureConfig().times_cold(info, whole_model=True)
     assert not MeasureConfig().times_cold(info, whole_model=False)
     assert MeasureConfig(cold_weights=True).times_cold(info, whole_model=False)
     assert not MeasureConfig(cold_weights=False).times_cold(info, whole_model=True)
     assert not MeasureConfig(enable_cpu_cache_flush=True).times_cold(info, whole_model=True)
-    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 200_000)
+    monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 40_000)  # the output is not counted
     assert not MeasureConfig().times_cold(info, whole_model=True)
 
     monkeypatch.setattr(measurer, "l2_cache_bytes", lambda: 1024)

@@ -113,15 +113,16 @@ class MeasureConfig:
     rounds; a challenger that beats the best in the mean of its per-round ratios (and computes
     the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
 
-    ``cold_weights``: a task whose arguments after the first (its weights and output) outgrow a
-    core's L2 cache (:func:`l2_cache_bytes`) is timed with them flushed from the caches before
-    each call (``cold_repeat`` calls, by their mean), while tuning and in its final round. In a
-    model such a kernel streams its weights from memory on every inference: ResNet-18's
-    512-channel 3x3 convolutions (9.4 MB of weights) took 0.73 ms alone with warm caches and
-    1.24 ms in the model, and among a task's 8 best with warm caches, the best with cold ones
-    was up to 9% faster cold than the warm best. ``None`` (the default) does this when tuning a
-    whole model only; ``True`` for every task; ``False`` never. A kernel is then faster in the
-    model than alone, and ``enable_cpu_cache_flush`` (every task, every size) takes precedence.
+    ``cold_weights``: a task whose weights (the arguments between the first and the output)
+    take more than twice a core's L2 cache (:func:`l2_cache_bytes`) is timed with every argument
+    but the first flushed from the caches before each call (``cold_repeat`` calls, by their
+    mean), while tuning and in its final round. In a model such a kernel streams its weights
+    from memory on every inference: ResNet-18's 512-channel 3x3 convolutions (9.4 MB of
+    weights) took 0.79 ms alone with warm caches and 1.07 to 1.17 ms in the model; tuned cold,
+    0.89 to 0.96 ms in the model. Tasks nearer the L2's size (2.4 MB of weights, or a 3.2 MB
+    output) tuned cold ran slower in the model, so they stay warm. ``None`` (the default) does
+    this when tuning a whole model only; ``True`` for every task; ``False`` never.
+    ``enable_cpu_cache_flush`` (every task, every size) takes precedence.
     """
 
     number: int = 1
@@ -159,7 +160,7 @@ class MeasureConfig:
             return False
         if self.cold_weights is None and not whole_model:
             return False
-        return sum(_arg_bytes(info) for info in list(args_info)[1:]) > l2_cache_bytes()
+        return sum(_arg_bytes(info) for info in list(args_info)[1:-1]) > 2 * l2_cache_bytes()
 
 
 def _arg_bytes(info: ms.arg_info.ArgInfo) -> int:
