@@ -36,7 +36,9 @@ def _loop_us(calls: list[tuple[Any, tuple]], n: int = 200) -> float:
     return best
 
 
-def fastsearch_rows(library: str, inputs: list[Any], rounds: int) -> list[tuple[str, float, float, float, str]]:
+def fastsearch_rows(
+    library: str, inputs: list[Any], rounds: int
+) -> list[tuple[str, float, float, float, str]]:
     """(kernel, in sequence us, alone us, after its predecessor us, argument shapes) per call."""
     import numpy as np
     import tvm
@@ -74,7 +76,9 @@ def fastsearch_rows(library: str, inputs: list[Any], rounds: int) -> list[tuple[
     return rows
 
 
-def onnxruntime_rows(onnx_file: str, feeds: dict[str, Any], threads: int, runs: int) -> list[tuple[str, str, float, str]]:
+def onnxruntime_rows(
+    onnx_file: str, feeds: dict[str, Any], threads: int, runs: int
+) -> list[tuple[str, str, float, str]]:
     """(node, op, median us, output shape) per node of onnxruntime's profile."""
     import onnxruntime as ort
 
@@ -114,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     feeds = onnx_zoo.model_input(model, seed=1)
     rows = fastsearch_rows(args.library, list(feeds.values()), args.rounds)
     width = max(len(r[0]) for r in rows)
-    print(f"fastsearch ({args.library}), {args.threads} threads (TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})")
+    print(
+        f"fastsearch ({args.library}), {args.threads} threads (TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})"
+    )
     print(f"{'kernel':<{width}}  {'in model':>9}  {'alone':>9}  {'after prev':>10}  arguments")
     for name, seq, alone, after, shapes in rows:
         print(f"{name:<{width}}  {seq:9.1f}  {alone:9.1f}  {after:10.1f}  {shapes}")

@@ -74,6 +74,14 @@ def test_default_work_dir_is_under_the_current_directory(tmp_path):
     assert (tmp_path / "fastsearch_work" / "GMM_0" / RECORD_FILE).is_file()
 
 
+@pytest.mark.parametrize("cold", ["on", "off"])
+def test_cold_weights_option(cold, tmp_path):
+    out = run("tune", "--workload", "GMM", "--small", "--trials", "2", "--no-progress", "--no-verify",
+              "--cold-weights", cold, "--work-dir", str(tmp_path))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "best " in out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

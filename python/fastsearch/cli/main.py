@@ -193,6 +193,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         min_repeat_ms=args.min_repeat_ms,
         enable_cpu_cache_flush=args.cache_flush,
+        cold_weights={"auto": None, "on": True, "off": False}[args.cold_weights],
         build_workers=args.build_workers,
         **({} if args.run_timeout is None else {"run_timeout_s": args.run_timeout}),
     )
@@ -394,6 +395,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="flush every argument but the first from the CPU caches before each repeat "
         "(with --min-repeat-ms 0, each repeat is one call)",
+    )
+    p.add_argument(
+        "--cold-weights",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="time tasks whose weights outgrow twice a core's L2 with them flushed from the caches, "
+        "as a model streams them (auto: when tuning a model)",
     )
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
