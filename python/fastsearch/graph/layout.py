@@ -234,6 +234,7 @@ class _Blocker:
             w6 = weight.reshape(cout // bo, bo, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
             kernel_layout = f"OIHW1i{bo}o"
         else:  # (O, I, KH, KW) -> (O/bo, I/bi, KH, KW, bi, bo)
+            assert bi is not None  # a channel count no block divides is read plain
             w6 = weight.reshape(cout // bo, bo, cin // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1)
             kernel_layout = f"OIHW{bi}i{bo}o"
         conv = relax.op.nn.conv2d(
