@@ -466,6 +466,7 @@ class Measurer:
         if self._isolated is None:
             self._isolated = PopenWorker()
         timeout = self.config.run_timeout_s * len(artifact_paths) * (rounds + 1)  # warm-up + rounds
+        how = self.config.evaluator_config(cold)  # flushed calls as the runner times them
         t0 = time.perf_counter()
         self._isolated.send(
             _time_side_by_side,
@@ -476,11 +477,7 @@ class Measurer:
                 self.device_type,
                 rounds,
                 self.config.min_repeat_ms,
-                self.config.repeat
-                if self.config.enable_cpu_cache_flush
-                else self.config.cold_repeat
-                if cold
-                else 0,
+                how.repeat if how.enable_cpu_cache_flush else 0,
             ),
             timeout=timeout,
         )

@@ -75,7 +75,6 @@ class _Task:
     best_secs: float = math.inf
     weight: int = 1
     pristine: IRModule | None = None  # an untouched copy for the reference output
-    cold: bool = False  # timed with cold weights (MeasureConfig.cold_weights)
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
 
@@ -339,10 +338,10 @@ def _prepare(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan, timing: dict[s
             pristine=fresh_copy(tmod),
             result=result,
             weight=weights[fname],
-            cold=plan.runner is None
-            and (plan.measure or MeasureConfig()).times_cold(args_info, whole_model=bool(model_tasks)),
         )
-        result.cold = task.cold
+        result.cold = plan.runner is None and (plan.measure or MeasureConfig()).times_cold(
+            args_info, whole_model=bool(model_tasks)
+        )
         best = db.best(workload)
         if best is not None:
             task.best_secs = mean_run_secs([float(s) for s in best.run_secs])
@@ -641,7 +640,7 @@ def _run_batch(
     results = [
         MeasureResult(error=c.error, failure=None if c.error is None else "apply error") for c in batch
     ]
-    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info, cold=task.cold)  # type: ignore[union-attr]
+    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info, cold=task.result.cold)  # type: ignore[union-attr]
     for i, res in zip(runnable, measured):
         results[i] = res
 
@@ -654,7 +653,7 @@ def _run_batch(
                 break
             t0 = time.perf_counter()
             measurer.confirm(
-                results[i], task.args_info, cold=task.cold
+                results[i], task.args_info, cold=task.result.cold
             )  # more runs: a lucky one makes no best
             timing["run"] += time.perf_counter() - t0
             if not results[i].ok:
@@ -765,7 +764,7 @@ def _final_round(
                 [random_arguments(info, seed=1) for info in layouts],
                 cfg.final_rounds,
                 task.entry,
-                cold=task.cold,
+                cold=task.result.cold,
             )
         except CandidateFault:
             return None
