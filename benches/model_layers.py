@@ -1,11 +1,12 @@
 """Where a tuned model's time goes, kernel by kernel, next to onnxruntime's per-node times.
 
 For a library ``fastsearch tune`` exported (``model_tuned.so``), every kernel call of one
-inference is timed three ways in this process: inside the model's sequence (the kernels called
+inference is timed four ways in this process: inside the model's sequence (the kernels called
 back to back in the model's order, each timed around its call, over ``--rounds`` inferences),
-alone (the same call in a tight loop, as tuning timed it: its weights and input stay in the
-caches), and right after the kernel that ran before it in the model (the pair in a loop, less
-the first alone). onnxruntime runs the same ONNX model with its profiler on, on the same
+again (in the same sequence, a second call right after the first: what is left of the first's
+loss is not the cache's state), alone (the same call in a tight loop, as tuning timed it: its
+weights and input stay in the caches), and right after the kernel that ran before it in the
+model (the pair in a loop, less the first alone). onnxruntime runs the same ONNX model with its profiler on, on the same
 threads, and prints its per-node medians (the profiler adds about 15% to each).
 
     TVM_NUM_THREADS=2 python -m benches.model_layers --zoo resnet-18 --threads 2 /tmp/r18/model_tuned.so
@@ -38,8 +39,9 @@ def _loop_us(calls: list[tuple[Any, tuple]], n: int = 200) -> float:
 
 def fastsearch_rows(
     library: str, inputs: list[Any], rounds: int
-) -> list[tuple[str, float, float, float, str]]:
-    """(kernel, in sequence us, alone us, after its predecessor us, argument shapes) per call."""
+) -> list[tuple[str, float, float, float, float, str]]:
+    """(kernel, in sequence us, called again us, alone us, after its predecessor us, argument
+    shapes) per call."""
     import numpy as np
     import tvm
     from tvm import relax
@@ -64,6 +66,15 @@ def fastsearch_rows(
             if r >= 3:  # three warm-up inferences
                 seq[i] += time.perf_counter() - t0
     seq = seq / rounds * 1e6
+    again = np.zeros(len(calls))
+    for r in range(rounds + 3):
+        for i, (_, f, a) in enumerate(calls):
+            f(*a)
+            t0 = time.perf_counter()
+            f(*a)
+            if r >= 3:
+                again[i] += time.perf_counter() - t0
+    again = again / rounds * 1e6
     rows = []
     for i, (name, f, a) in enumerate(calls):
         alone = _loop_us([(f, a)])
@@ -72,7 +83,7 @@ def fastsearch_rows(
             _, pf, pa = calls[i - 1]
             after = _loop_us([(pf, pa), (f, a)]) - _loop_us([(pf, pa)])
         shapes = " ".join("x".join(str(int(d)) for d in x.shape) for x in a if hasattr(x, "shape"))
-        rows.append((name, float(seq[i]), alone, after, shapes))
+        rows.append((name, float(seq[i]), float(again[i]), alone, after, shapes))
     return rows
 
 
@@ -121,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"fastsearch ({args.library}), {args.threads} threads (TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})"
     )
-    print(f"{'kernel':<{width}}  {'in model':>9}  {'alone':>9}  {'after prev':>10}  arguments")
-    for name, seq, alone, after, shapes in rows:
-        print(f"{name:<{width}}  {seq:9.1f}  {alone:9.1f}  {after:10.1f}  {shapes}")
-    print(f"{'sum':<{width}}  {sum(r[1] for r in rows):9.1f}  {sum(r[2] for r in rows):9.1f}")
+    print(f"{'kernel':<{width}}  {'in model':>9}  {'again':>9}  {'alone':>9}  {'after prev':>10}  arguments")
+    for name, seq, again, alone, after, shapes in rows:
+        print(f"{name:<{width}}  {seq:9.1f}  {again:9.1f}  {alone:9.1f}  {after:10.1f}  {shapes}")
+    sums = "  ".join(f"{sum(r[k] for r in rows):9.1f}" for k in (1, 2, 3))
+    print(f"{'sum':<{width}}  {sums}")
     with tempfile.TemporaryDirectory() as tmp:
         onnx_file = str(Path(tmp) / "model.onnx")
         onnx.save(model, onnx_file)

@@ -307,6 +307,6 @@ def test_cold_weights(tmp_path, monkeypatch):
 
 
 def test_l2_cache_size_is_read():
-    from fastsearch.measure.measurer import l2_cache_bytes
+    from fastsearch.ir.machine import l2_cache_bytes
 
     assert 64 * 1024 <= l2_cache_bytes() <= 64 * 1024 * 1024

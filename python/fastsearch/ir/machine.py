@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 from typing import NamedTuple
 
 import tvm
@@ -34,6 +35,7 @@ __all__ = [
     "SPEEDUP_ENV",
     "Machine",
     "fma_per_cycle",
+    "l2_cache_bytes",
     "machine_of",
     "num_cores",
     "parallel_speedup",
@@ -140,3 +142,19 @@ def parallel_speedup(target: tvm.target.Target) -> float | None:
         return None  # another machine's CPU (an RPC device): its runtime is not this one
     threads = runtime_threads()
     return float(threads) if threads is not None and threads < cores else None
+
+
+@functools.cache
+def l2_cache_bytes() -> int:
+    """One core's L2 cache on this machine (Linux's sysfs), 1 MiB where it cannot be read."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            if (index / "level").read_text().strip() != "2" or "Instruction" in (index / "type").read_text():
+                continue
+            size = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            return int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return 1 << 20

@@ -11,7 +11,6 @@ the runner returns, stored as MetaSchedule stores them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import shutil
@@ -20,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +30,7 @@ from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RPCConf
 from tvm.s_tir.meta_schedule.runner import RPCRunner as _MSRPCRunner
 
 from fastsearch.errors import RemoteError
+from fastsearch.ir.machine import l2_cache_bytes
 from fastsearch.ir.target import device_type, physical_cores
 
 if TYPE_CHECKING:
@@ -166,22 +165,6 @@ class MeasureConfig:
 def _arg_bytes(info: ms.arg_info.ArgInfo) -> int:
     _, dtype, shape = plain_args_info(info)
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-@functools.cache
-def l2_cache_bytes() -> int:
-    """One core's L2 cache on this machine (Linux's sysfs), 1 MiB where it cannot be read."""
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for index in sorted(base.glob("index*")) if base.is_dir() else []:
-        try:
-            if (index / "level").read_text().strip() != "2" or "Instruction" in (index / "type").read_text():
-                continue
-            size = (index / "size").read_text().strip().upper()
-            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-            return int(size.rstrip("KM")) * scale
-        except (OSError, ValueError):
-            continue
-    return 1 << 20
 
 
 @dataclass
