@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +56,7 @@ def test_tune_smoke(tmp_path):
     assert str(work) in summary
     for key in ("search", "build", "run"):
         assert key in summary
+    assert re.search(r"build \(s\)    per candidate \([1-4] recorded\), medians: TVM passes \d", summary)
     assert (work / WORKLOAD_FILE).is_file()
     rows = [json.loads(line) for line in (work / RECORD_FILE).read_text().splitlines() if line]
     assert "final round  runners-up side by side with the best: x" in summary

@@ -3,6 +3,7 @@ resume without re-measuring, failed and wrong candidates recorded while the sear
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -277,6 +278,23 @@ def test_final_round_off(tmp_path):
     result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, progress=False, measure=NO_FINAL)
     assert result.tasks["main"].final is None and "final" not in result.timing
     assert len(_stored(tmp_path)) == 4
+
+
+def test_build_stages_are_recorded(tmp_path):
+    """Each measured candidate carries the seconds its build spent in TVM's passes, in code
+    generation and in export (issue 28: build time as a quantity the search can use)."""
+    from fastsearch.measure.measurer import read_build_stages
+
+    result = tune(gmm(), TARGET, trials=3, work_dir=tmp_path, progress=False, measure=NO_FINAL)
+    built = [h for h in result.history if h.ok]
+    assert built
+    for h in built:
+        assert h.build_passes_s and h.build_codegen_s and h.build_export_s, h
+        assert h.build_s == pytest.approx(h.build_passes_s + h.build_codegen_s + h.build_export_s)
+    with open(result.write_history(tmp_path / "curve.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[0]["build_codegen_s"]) == pytest.approx(result.history[0].build_codegen_s)
+    assert read_build_stages(str(tmp_path / "no-such-artifact")) is None
 
 
 def test_cold_weights(tmp_path, monkeypatch):

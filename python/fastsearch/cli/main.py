@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -322,6 +323,16 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     if "fusion" in t:  # compiling and timing the model with each fusion change
         parts += f", fusion {t['fusion']:.1f}"
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
+    built = [h for h in getattr(result, "history", []) if h.build_s is not None]
+    if built:
+        med = {
+            stage: statistics.median(getattr(h, f"build_{stage}_s") for h in built)
+            for stage in ("passes", "codegen", "export")
+        }
+        lines.append(
+            f"build (s)    per candidate ({len(built)} recorded), medians: TVM passes {med['passes']:.3f}, "
+            f"codegen {med['codegen']:.3f}, export {med['export']:.3f}; slowest {max(h.build_s for h in built):.2f}"
+        )
     finals = [(n, t.final) for n, t in result.tasks.items() if getattr(t, "final", None) is not None]
     if len(finals) == 1 and not getattr(result, "is_relax", False):
         final = finals[0][1]

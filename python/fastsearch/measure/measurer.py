@@ -11,6 +11,7 @@ the runner returns, stored as MetaSchedule stores them.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -179,6 +180,9 @@ class MeasureResult:
     # rewrites a weight's layout (prepacking) is built without the rewrite and takes the weight
     # in its new layout.
     args_info: list | None = field(default=None, repr=False)
+    # Seconds of the build's stages (``passes``: TVM's, ``codegen``: LLVM's, ``export``), when
+    # the builder recorded them (:func:`export_module`).
+    build_stages: dict[str, float] | None = None
 
     def fail(self, kind: str, error: str) -> None:
         """Mark the candidate failed with ``kind`` (one of :data:`FAILURE_KINDS`)."""
@@ -286,8 +290,72 @@ def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None 
     """
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm.driver.build(mod, target=target)
+    t0 = time.perf_counter()
+    passes = _PassSeconds()
+    current = tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(
+        opt_level=current.opt_level, config=dict(current.config), instruments=[passes]
+    ):
+        mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+        built = tvm.driver.build(mod, target=target)
+    total = time.perf_counter() - t0
+    _last_build.clear()
+    _last_build.update(passes=passes.seconds, codegen=max(0.0, total - passes.seconds))
+    return built
+
+
+#: Stage seconds of the last :func:`build_module` in this (builder worker) process, for
+#: :func:`export_module` to store beside the artifact.
+_last_build: dict[str, float] = {}
+
+#: Suffix of the file beside a build artifact that holds its stage seconds (JSON).
+BUILD_STAGES_SUFFIX = ".stages.json"
+
+
+@tvm.instrument.pass_instrument
+class _PassSeconds:
+    """Seconds spent in TVM's passes (outermost passes only: a Sequential's own passes are
+    inside it); the rest of a build is code generation (LLVM)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._t0 = 0.0
+
+    def run_before_pass(self, mod: IRModule, info: Any) -> None:
+        if self._depth == 0:
+            self._t0 = time.perf_counter()
+        self._depth += 1
+
+    def run_after_pass(self, mod: IRModule, info: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+
+
+def export_module(mod: tvm.runtime.Module) -> str:
+    """Export function of the builder workers: MetaSchedule's default export, timed, with the
+    stage seconds of the build (TVM's passes, code generation, export) written beside the
+    artifact (:data:`BUILD_STAGES_SUFFIX`)."""
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+
+    t0 = time.perf_counter()
+    path = default_export(mod)
+    stages = dict(_last_build, export=time.perf_counter() - t0)
+    _last_build.clear()
+    with open(path + BUILD_STAGES_SUFFIX, "w", encoding="utf-8") as f:
+        json.dump(stages, f)
+    return path
+
+
+def read_build_stages(artifact_path: str) -> dict[str, float] | None:
+    """The stage seconds :func:`export_module` wrote for an artifact; None when there are none."""
+    try:
+        with open(artifact_path + BUILD_STAGES_SUFFIX, encoding="utf-8") as f:
+            stages = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {str(k): float(v) for k, v in stages.items()} if isinstance(stages, dict) else None
 
 
 def built_args_info(mod: IRModule) -> list | None:
@@ -349,7 +417,10 @@ class Measurer:
         else:
             self.runner, self.run_workers = runner.make(self.config)
         self.builder = LocalBuilder(
-            max_workers=workers, timeout_sec=self.config.build_timeout_s, f_build=f_build
+            max_workers=workers,
+            timeout_sec=self.config.build_timeout_s,
+            f_build=f_build,
+            f_export=export_module,
         )
         self._cold_runner: LocalRunner | None = None  # made on first use (cold weights)
         self.device_type = device_type(target)
@@ -422,7 +493,13 @@ class Measurer:
                 results.append(MeasureResult(error=msg, failure=_failure_kind("build", msg)))
             else:
                 path = str(res.artifact_path)
-                results.append(MeasureResult(artifact_path=path, args_info=built_args_info(mods[i])))
+                results.append(
+                    MeasureResult(
+                        artifact_path=path,
+                        args_info=built_args_info(mods[i]),
+                        build_stages=read_build_stages(path),
+                    )
+                )
         return results
 
     def side_by_side(

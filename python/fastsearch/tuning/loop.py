@@ -702,6 +702,7 @@ def _run_batch(
             running = min(running, mean_run_secs(res.run_secs))
         task.best_secs = running
         best = overall_best_us()
+        stages = res.build_stages or {}
         history.append(
             TrialRecord(
                 trial=len(history) + 1,
@@ -713,6 +714,9 @@ def _run_batch(
                 elapsed_s=time.perf_counter() - t_start,
                 best_us=best,
                 failure=None if res.ok else (res.failure or "run error"),
+                build_passes_s=stages.get("passes"),
+                build_codegen_s=stages.get("codegen"),
+                build_export_s=stages.get("export"),
             )
         )
     task.best_secs = best_after

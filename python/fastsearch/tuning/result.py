@@ -86,11 +86,22 @@ class TrialRecord:
     elapsed_s: float
     best_us: float | None
     failure: str | None = None  # one of fastsearch.measure.measurer.FAILURE_KINDS when error is set
+    # Seconds its build spent in TVM's passes, in code generation (LLVM) and in export; None
+    # where the build did not record them (it failed, or a custom build function ran).
+    build_passes_s: float | None = None
+    build_codegen_s: float | None = None
+    build_export_s: float | None = None
 
     @property
     def ok(self) -> bool:
         """Whether the candidate built, ran and (when checked) computed the right answer."""
         return self.error is None
+
+    @property
+    def build_s(self) -> float | None:
+        """Its whole build, the three stages together (None when not recorded)."""
+        stages = (self.build_passes_s, self.build_codegen_s, self.build_export_s)
+        return None if any(s is None for s in stages) else sum(s for s in stages if s is not None)
 
 
 @dataclass
@@ -195,6 +206,9 @@ class TuneResult:
             "elapsed_s",
             "failure",
             "error",
+            "build_passes_s",
+            "build_codegen_s",
+            "build_export_s",
         ]
         with open(out, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=fields)
