@@ -590,6 +590,27 @@ class _TaskRun:
         self.empty_rounds = 0
 
 
+def _trial_record(
+    trial: int, task: str, res: MeasureResult, t_start: float, best_us: float | None
+) -> TrialRecord:
+    """The history's record of one measured candidate, its build's stage seconds included."""
+    stages = res.build_stages or {}
+    return TrialRecord(
+        trial=trial,
+        task=task,
+        latency_us=res.mean_us,
+        min_us=res.min_us,
+        median_us=res.median_us,
+        error=res.error,
+        elapsed_s=time.perf_counter() - t_start,
+        best_us=best_us,
+        failure=None if res.ok else (res.failure or "run error"),
+        build_passes_s=stages.get("passes"),
+        build_codegen_s=stages.get("codegen"),
+        build_export_s=stages.get("export"),
+    )
+
+
 def _kind_order(kind: str) -> int:
     return FAILURE_KINDS.index(kind) if kind in FAILURE_KINDS else len(FAILURE_KINDS)
 
@@ -701,24 +722,7 @@ def _run_batch(
         if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
             running = min(running, mean_run_secs(res.run_secs))
         task.best_secs = running
-        best = overall_best_us()
-        stages = res.build_stages or {}
-        history.append(
-            TrialRecord(
-                trial=len(history) + 1,
-                task=task.name,
-                latency_us=res.mean_us,
-                min_us=res.min_us,
-                median_us=res.median_us,
-                error=res.error,
-                elapsed_s=time.perf_counter() - t_start,
-                best_us=best,
-                failure=None if res.ok else (res.failure or "run error"),
-                build_passes_s=stages.get("passes"),
-                build_codegen_s=stages.get("codegen"),
-                build_export_s=stages.get("export"),
-            )
-        )
+        history.append(_trial_record(len(history) + 1, task.name, res, t_start, overall_best_us()))
     task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
     return outcome
