@@ -6,8 +6,9 @@ back to back in the model's order, each timed around its call, over ``--rounds``
 again (in the same sequence, a second call right after the first: what is left of the first's
 loss is not the cache's state), alone (the same call in a tight loop, as tuning timed it: its
 weights and input stay in the caches), and right after the kernel that ran before it in the
-model (the pair in a loop, less the first alone). onnxruntime runs the same ONNX model with its profiler on, on the same
-threads, and prints its per-node medians (the profiler adds about 15% to each).
+model (the pair in a loop, less the first alone). onnxruntime runs the same ONNX model with its
+profiler on, on the same threads, and prints its per-node medians (the profiler adds about 15%
+to each).
 
     TVM_NUM_THREADS=2 python -m benches.model_layers --zoo resnet-18 --threads 2 /tmp/r18/model_tuned.so
 """
@@ -37,12 +38,26 @@ def _loop_us(calls: list[tuple[Any, tuple]], n: int = 200) -> float:
     return best
 
 
+def _sequence_us(calls: list[tuple[str, Any, tuple]], rounds: int, again: bool) -> list[float]:
+    """Mean us of each call in the model's order over ``rounds`` inferences (after three warm-up
+    ones); ``again``: each call is made twice in a row and the second is timed."""
+    totals = [0.0] * len(calls)
+    for r in range(rounds + 3):
+        for i, (_, f, a) in enumerate(calls):
+            if again:
+                f(*a)
+            t0 = time.perf_counter()
+            f(*a)
+            if r >= 3:
+                totals[i] += time.perf_counter() - t0
+    return [t / rounds * 1e6 for t in totals]
+
+
 def fastsearch_rows(
     library: str, inputs: list[Any], rounds: int
 ) -> list[tuple[str, float, float, float, float, str]]:
     """(kernel, in sequence us, called again us, alone us, after its predecessor us, argument
     shapes) per call."""
-    import numpy as np
     import tvm
     from tvm import relax
 
@@ -58,23 +73,8 @@ def fastsearch_rows(
 
     vm.set_instrument(capture)
     vm["main"](*args)
-    seq = np.zeros(len(calls))
-    for r in range(rounds + 3):
-        for i, (_, f, a) in enumerate(calls):
-            t0 = time.perf_counter()
-            f(*a)
-            if r >= 3:  # three warm-up inferences
-                seq[i] += time.perf_counter() - t0
-    seq = seq / rounds * 1e6
-    again = np.zeros(len(calls))
-    for r in range(rounds + 3):
-        for i, (_, f, a) in enumerate(calls):
-            f(*a)
-            t0 = time.perf_counter()
-            f(*a)
-            if r >= 3:
-                again[i] += time.perf_counter() - t0
-    again = again / rounds * 1e6
+    seq = _sequence_us(calls, rounds, again=False)
+    again = _sequence_us(calls, rounds, again=True)
     rows = []
     for i, (name, f, a) in enumerate(calls):
         alone = _loop_us([(f, a)])
@@ -83,7 +83,7 @@ def fastsearch_rows(
             _, pf, pa = calls[i - 1]
             after = _loop_us([(pf, pa), (f, a)]) - _loop_us([(pf, pa)])
         shapes = " ".join("x".join(str(int(d)) for d in x.shape) for x in a if hasattr(x, "shape"))
-        rows.append((name, float(seq[i]), float(again[i]), alone, after, shapes))
+        rows.append((name, seq[i], again[i], alone, after, shapes))
     return rows
 
 

@@ -294,7 +294,11 @@ def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None 
     passes = _PassSeconds()
     current = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
-        opt_level=current.opt_level, config=dict(current.config), instruments=[passes]
+        opt_level=current.opt_level,
+        required_pass=list(current.required_pass),
+        disabled_pass=list(current.disabled_pass),
+        config=dict(current.config),
+        instruments=[passes],
     ):
         mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
         built = tvm.driver.build(mod, target=target)
