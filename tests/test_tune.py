@@ -295,6 +295,11 @@ def test_build_stages_are_recorded(tmp_path):
         rows = list(csv.DictReader(f))
     assert float(rows[0]["build_codegen_s"]) == pytest.approx(result.history[0].build_codegen_s)
     assert read_build_stages(str(tmp_path / "no-such-artifact")) is None
+    # The loop hands them to the search, which keeps them beside the database for its
+    # build-time model (a resumed run reads them back).
+    (kept,) = tmp_path.glob("fastsearch_search.*.builds.jsonl")
+    builds = [json.loads(line)["build_s"] for line in kept.read_text().splitlines()]
+    assert sorted(builds) == pytest.approx(sorted(h.build_s for h in built), abs=1e-3)
 
 
 def test_cold_weights(tmp_path, monkeypatch):

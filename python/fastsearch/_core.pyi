@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CODE_SIZE_NAMES",
     "SKETCH_FEATURE_NAMES",
     "FastsearchError",
     "Forest",
@@ -101,8 +102,10 @@ class Program:
     def extract_features_each(
         self, trace_jsons: list[str], *, postprocess: bool = False
     ) -> list[npt.NDArray[np.float32] | None]: ...
+    def code_sizes(self, trace_jsons: list[str], *, postprocess: bool = True) -> npt.NDArray[np.float32]: ...
 
 SKETCH_FEATURE_NAMES: list[str]
+CODE_SIZE_NAMES: list[str]
 
 def partition_graph(graph_json: str, max_fuse_depth: int = 256) -> list[list[int]]: ...
 def fusion_proposals(

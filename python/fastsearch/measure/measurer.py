@@ -194,6 +194,13 @@ class MeasureResult:
         return self.error is None and bool(self.run_secs)
 
     @property
+    def build_s(self) -> float | None:
+        """Seconds of the whole build, its stages together (None where not recorded)."""
+        stages = self.build_stages or {}
+        parts = [stages.get(k) for k in ("passes", "codegen", "export")]
+        return None if any(v is None for v in parts) else sum(v for v in parts if v is not None)
+
+    @property
     def mean_us(self) -> float | None:
         """Mean of the repeats in microseconds (what MetaSchedule ranks by)."""
         return statistics.fmean(self.run_secs) * 1e6 if self.ok and self.run_secs else None

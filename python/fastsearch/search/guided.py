@@ -20,6 +20,7 @@ import numpy as np
 import tvm
 
 from fastsearch import _core
+from fastsearch.costmodel.build_time import MIN_BUILDS, BuildTimeModel
 from fastsearch.costmodel.learned import CostModel, StoreRanker
 from fastsearch.ir.machine import Machine, machine_of
 from fastsearch.ir.target import physical_cores
@@ -64,6 +65,19 @@ RERANK_WEIGHT = 0.5
 #: proposals was 3.8% faster with 0 generations than with 4 (BENCHMARKS.md, first batch).
 COLD_GENERATIONS = 0
 
+#: Build cost in the ranking (issue 28): once a task has enough builds to train its
+#: :class:`~fastsearch.costmodel.build_time.BuildTimeModel`, the search proposes BUILD_POOL
+#: times the batch and a proposal whose predicted build is at least BUILD_DEAD_ZONE (in log2:
+#: twice) away from the median proposal's moves by BUILD_RANK_WEIGHT x the batch size x the
+#: log2 of the ratio, clipped to BUILD_LOG_CLIP. Builds within a factor of two of each other
+#: are not told apart (the model ranks them no better than chance); one expected to build 8x
+#: slower than the median falls 0.75 of a batch, so it is measured only when the search ranks
+#: it near the top.
+BUILD_POOL = 2
+BUILD_RANK_WEIGHT = 0.25
+BUILD_LOG_CLIP = (-1.0, 3.0)
+BUILD_DEAD_ZONE = 1.0
+
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
 STRATEGIES: tuple[SearchName, ...] = get_args(SearchName)
@@ -97,6 +111,7 @@ class ModelGuidedSampler:
         siblings: SiblingRecords | None = None,
         name: str = "main",
         rerank: bool = True,
+        build_cost: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown search strategy {strategy!r}; available: {STRATEGIES}")
@@ -127,8 +142,46 @@ class ModelGuidedSampler:
         if siblings is not None:
             siblings.register(name, self.program, anchor_extents(text), history, self.genomes)
         self.store_ranker = StoreRanker(self.program) if rerank else None
+        # Seconds each measured candidate took to build (``record_builds``), and the model of
+        # them that ranks proposals by build cost (``build_cost=False``: none).
+        self.builds: dict[str, float] = state.load_builds() if state else {}
+        self.build_model = BuildTimeModel() if build_cost else None
+        self.code_sizes: dict[str, np.ndarray] = {}
         # Replay runs on this machine, whatever the target: one thread per core it has.
         self.replay_threads = physical_cores()
+
+    def record_builds(self, builds: Iterable[tuple[str, float]]) -> None:
+        """Build seconds of measured candidates, by key (the tuning loop's report after each
+        batch); kept beside the database so that a resumed run has them."""
+        fresh = [(k, float(s)) for k, s in builds if k not in self.builds and s > 0]
+        self.builds.update(fresh)
+        if self.state is not None:
+            self.state.add_builds(fresh)
+
+    def _code_size_rows(self, keys: list[str]) -> np.ndarray:
+        """The code-size rows (``_core.CODE_SIZE_NAMES``) of candidates by key, each computed once."""
+        missing = [k for k in dict.fromkeys(keys) if k not in self.code_sizes]
+        if missing:
+            self.code_sizes.update(zip(missing, np.asarray(self.program.code_sizes(missing)), strict=True))
+        return np.array([self.code_sizes[k] for k in keys], dtype=np.float32).reshape(len(keys), -1)
+
+    def _train_builds(self) -> bool:
+        """Retrains the build-time model on every recorded build; whether it is usable."""
+        if self.build_model is None or len(self.builds) < MIN_BUILDS:
+            return False
+        t0 = time.perf_counter()
+        keys = list(self.builds)
+        trained = self.build_model.fit(self._code_size_rows(keys), np.array([self.builds[k] for k in keys]))
+        self.timing["model"] += time.perf_counter() - t0
+        return trained
+
+    def _prefer_cheap_builds(self, proposals: Proposals, want: int) -> Proposals:
+        """``proposals`` re-ranked by their predicted build seconds (:func:`prefer_cheap_builds`)."""
+        assert self.build_model is not None
+        t0 = time.perf_counter()
+        predicted = self.build_model.predict(self._code_size_rows([key for key, _, _, _ in proposals]))
+        self.timing["search"] += time.perf_counter() - t0
+        return prefer_cheap_builds(proposals, predicted, want)
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -206,6 +259,9 @@ class ModelGuidedSampler:
         valid = sum(1 for lat in measured.values() if np.isfinite(lat))
         late = warm_weight == 0 and self.store_ranker is not None and valid >= RERANK_AFTER
         pool = want * WARM_POOL if warm_weight > 0 else want * RERANK_POOL if late else want
+        cheap_builds = self._train_builds()
+        if cheap_builds:
+            pool = max(pool, want * BUILD_POOL)
         generations = self.generations
         if generations is None and model is None and self.strategy == "evolutionary":
             generations = COLD_GENERATIONS
@@ -233,6 +289,8 @@ class ModelGuidedSampler:
             reordered = self._rerank_late(proposals, measured)
         if reordered is not None:
             proposals = keep_exploring(proposals, reordered, want)
+        if cheap_builds and proposals:
+            proposals = self._prefer_cheap_builds(proposals, want)
         seeded = {c.key for c in first if isinstance(c, Candidate)}
         proposals = [p for p in proposals if p[0] not in seeded]
         proposals = proposals[:want]
@@ -316,6 +374,25 @@ def keep_exploring(proposals: Proposals, reordered: Proposals, want: int) -> Pro
         kept.extend(of_role[: round(len(of_role) * want / len(proposals))])
     taken = {p[0] for p in kept}
     return kept + [p for p in reordered if p[0] not in taken]
+
+
+def prefer_cheap_builds(
+    proposals: Proposals, predicted_s: np.ndarray, want: int, weight: float = BUILD_RANK_WEIGHT
+) -> Proposals:
+    """``proposals`` (best first) with each one's rank moved by ``weight x want x log2(predicted
+    build / median predicted build)``, the log clipped to :data:`BUILD_LOG_CLIP` and left at 0
+    within :data:`BUILD_DEAD_ZONE`: a much cheaper build moves up, a much slower one down; ties
+    keep the given order."""
+    if not proposals:
+        return proposals
+    predicted = np.asarray(predicted_s, dtype=np.float64)
+    typical = float(np.median(predicted))
+    if not typical > 0:
+        return proposals
+    shift = np.clip(np.log2(np.maximum(predicted, 1e-9) / typical), *BUILD_LOG_CLIP)
+    shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
+    adjusted = np.arange(len(proposals)) + weight * want * shift
+    return [proposals[i] for i in np.argsort(adjusted, kind="stable")]
 
 
 def blend_ranks(proposals: Proposals, predicted: np.ndarray, weight: float) -> Proposals:
@@ -450,7 +527,8 @@ class SearchState:
 
     ``<prefix>.genomes.jsonl`` maps each proposed candidate's key (its trace JSON, the database's
     key) to its genome, one JSON line each, appended as proposals are made; a torn last line
-    (a killed run) is skipped. ``<prefix>.model.json`` holds the last trained booster and how many
+    (a killed run) is skipped. ``<prefix>.builds.jsonl`` holds each measured candidate's build
+    seconds the same way. ``<prefix>.model.json`` holds the last trained booster and how many
     records trained it, replaced atomically.
     """
 
@@ -459,6 +537,7 @@ class SearchState:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task)
         self.genomes_path = self.directory / f"fastsearch_search.{safe}.genomes.jsonl"
         self.model_path = self.directory / f"fastsearch_search.{safe}.model.json"
+        self.builds_path = self.directory / f"fastsearch_search.{safe}.builds.jsonl"
 
     def load_genomes(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -479,6 +558,27 @@ class SearchState:
         with self.genomes_path.open("a") as f:
             for key, genome in pairs:
                 f.write(json.dumps({"key": key, "genome": genome}) + "\n")
+
+    def load_builds(self) -> dict[str, float]:
+        """Build seconds of the candidates measured by earlier runs, by key."""
+        out: dict[str, float] = {}
+        if not self.builds_path.exists():
+            return out
+        for line in self.builds_path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                out[str(entry["key"])] = float(entry["build_s"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a kill
+        return out
+
+    def add_builds(self, pairs: list[tuple[str, float]]) -> None:
+        if not pairs:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self.builds_path.open("a") as f:
+            for key, seconds in pairs:
+                f.write(json.dumps({"key": key, "build_s": round(seconds, 4)}) + "\n")
 
     def load_model(self) -> tuple[str, int] | None:
         """(booster JSON, records it was trained on), or None if absent or unreadable."""

@@ -83,11 +83,12 @@ _MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
 
 
 def _resolve_sampler(
-    strategy: str | Sampler, warm: WarmStart | None = None, rerank: bool = True
+    strategy: str | Sampler, warm: WarmStart | None = None, rerank: bool = True, build_cost: bool = True
 ) -> _MakeSampler:
     """Per-task sampler factory for ``strategy``, started from ``warm`` when given; ``rerank``
     keeps the model-guided search's re-ranking by per-store features on
-    (:data:`fastsearch.search.guided.RERANK_AFTER`)."""
+    (:data:`fastsearch.search.guided.RERANK_AFTER`), ``build_cost`` its ranking by predicted
+    build time (:data:`fastsearch.search.guided.BUILD_RANK_WEIGHT`)."""
     if warm is not None and (callable(strategy) or strategy == "random"):
         raise ValueError(
             f"warm_start needs a model-guided strategy ({', '.join(STRATEGIES[1:])}), not {strategy!r}"
@@ -135,6 +136,7 @@ def _resolve_sampler(
                 siblings=siblings,
                 name=task.name,
                 rerank=rerank,
+                build_cost=build_cost,
             )
 
         return make_guided
@@ -274,7 +276,7 @@ def run(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan) -> TuneResult:
     it) as ``plan`` says; :func:`fastsearch.tune` is the documented entry point."""
     t_start = time.perf_counter()
     timing = {k: 0.0 for k in ("search", "apply", "build", "run", "verify", "database", "model")}
-    make_sampler = _resolve_sampler(plan.strategy, plan.warm, rerank=plan.rerank)
+    make_sampler = _resolve_sampler(plan.strategy, plan.warm, rerank=plan.rerank, build_cost=plan.build_cost)
     setup = _prepare(mod, plan, timing)
     budget = _budget(plan, setup)
     history: list[TrialRecord] = []
@@ -430,7 +432,7 @@ def _loop(
                         scheduler.deactivate(ti)
                     continue
                 run.empty_rounds = 0
-                outcome = _run_batch(
+                outcome, builds = _run_batch(
                     task,
                     batch,
                     tgt,
@@ -450,6 +452,8 @@ def _loop(
                     t0 = time.perf_counter()
                     run.update(task.func, outcome)
                     timing["model"] += time.perf_counter() - t0
+                if callable(run.record_builds) and builds:
+                    run.record_builds(builds)
                 scheduler.record(ti, task.best_secs)
                 if task.result.trials_measured >= todo[ti]:
                     scheduler.deactivate(ti)
@@ -586,6 +590,7 @@ class _TaskRun:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
         self.update = getattr(sampler, "update", None)
+        self.record_builds = getattr(sampler, "record_builds", None)
         self.round_index = 0
         self.empty_rounds = 0
 
@@ -654,8 +659,9 @@ def _run_batch(
     check: Verification | None,
     overall_best_us: Callable[[], float | None],
     remote: RPCRunner | None = None,
-) -> list[tuple[str, float | None]]:
-    """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate."""
+) -> tuple[list[tuple[str, float | None]], list[tuple[str, float]]]:
+    """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate,
+    and (key, build seconds) per candidate whose build recorded them."""
     best_before = task.best_secs
     runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
     results = [
@@ -725,7 +731,8 @@ def _run_batch(
         history.append(_trial_record(len(history) + 1, task.name, res, t_start, overall_best_us()))
     task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
-    return outcome
+    builds = [(c.key, r.build_s) for c, r in zip(batch, results) if r.build_s is not None]
+    return outcome, builds
 
 
 def _final_round(

@@ -88,7 +88,9 @@ class TuningPlan:
 
     ``groups`` (node indices of the partitioner's graph) replaces FuseOps' grouping of a Relax
     model, and ``rerank=False`` turns off the late re-ranking of proposals by per-store
-    features; both are for the fusion search and fastsearch's own experiments."""
+    features, and ``build_cost=False`` the ranking of proposals by their predicted build time
+    (:data:`fastsearch.search.guided.BUILD_RANK_WEIGHT`); these are for the fusion search and
+    fastsearch's own experiments."""
 
     target: tvm.target.Target
     trials: int
@@ -105,3 +107,4 @@ class TuningPlan:
     progress: bool = True
     groups: list[list[int]] | None = None
     rerank: bool = True
+    build_cost: bool = True

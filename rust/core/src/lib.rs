@@ -15,7 +15,8 @@
 //!   measure.
 //! * **Features** — MetaSchedule's per-store features computed on the engine:
 //!   [`extract_traces`], [`extract_all`], [`extract_from_json`], and the [`lowered_text`] they
-//!   are read from.
+//!   are read from; and the size of the code LLVM is handed ([`code_sizes`], [`CodeSize`]),
+//!   which its build time follows.
 //! * **Partition** — fusion groups of a whole model with the rules of TVM's Relax FuseOps:
 //!   [`partition`], [`partition_json`], [`fusion_proposals`], [`merge_groups`].
 //! * [`Rng`] — the deterministic random number generator every sampler uses.
@@ -34,7 +35,10 @@ mod search;
 mod sketch;
 
 pub use error::{Error, Result};
-pub use features::{extract_all, extract_from_json, extract_traces, lowered_text, N_FEATURES};
+pub use features::code_size::{CodeSize, CODE_SIZE_NAMES};
+pub use features::{
+    code_sizes, extract_all, extract_from_json, extract_traces, lowered_text, N_FEATURES,
+};
 pub use model::analytical::{estimate_cycles, score as analytical_scores};
 pub use model::sketch_features::{sketch_features, SKETCH_FEATURES, SKETCH_FEATURE_NAMES};
 pub use model::{Forest, HybridScorer};

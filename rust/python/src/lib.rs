@@ -33,6 +33,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "SKETCH_FEATURE_NAMES",
         fastsearch_core::SKETCH_FEATURE_NAMES.to_vec(),
     )?;
+    m.add("CODE_SIZE_NAMES", fastsearch_core::CODE_SIZE_NAMES.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

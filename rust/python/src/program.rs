@@ -5,10 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
-    analytical_scores, anneal, apply_trace_to, emit, evolve, extract_all, extract_traces,
-    program_summary, sample_genomes, sample_traces, sketch_features, transfer,
+    analytical_scores, anneal, apply_trace_to, code_sizes, emit, evolve, extract_all,
+    extract_traces, program_summary, sample_genomes, sample_traces, sketch_features, transfer,
     transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
-    SearchContext, SketchSpace, N_FEATURES, SKETCH_FEATURES,
+    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -323,6 +323,28 @@ impl Program {
                 PyArray1::from_vec(py, data).reshape([rows, n])
             })
             .collect()
+    }
+
+    /// The code each trace hands LLVM after TVM's vectorization and unrolling, in parallel: a
+    /// `(len(trace_jsons), len(CODE_SIZE_NAMES))` float32 array of `log2(x + 1)` values, a row
+    /// of NaN for a trace that cannot be read or replayed. `postprocess` (the default: traces
+    /// as candidates' keys, without their postprocessing) as in `extract_features_each`.
+    #[pyo3(signature = (trace_jsons, *, postprocess = true))]
+    fn code_sizes<'py>(
+        &self,
+        py: Python<'py>,
+        trace_jsons: Vec<String>,
+        postprocess: bool,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let imported = Arc::clone(&self.imported);
+        let n = trace_jsons.len();
+        let data = guarded(py, "Program.code_sizes", move || {
+            Ok(code_sizes(&imported.program, &trace_jsons, postprocess)
+                .into_iter()
+                .flat_map(|r| r.map_or([f32::NAN; CODE_SIZE_NAMES.len()], |s| s.row()))
+                .collect::<Vec<f32>>())
+        })?;
+        PyArray1::from_vec(py, data).reshape([n, CODE_SIZE_NAMES.len()])
     }
 
     /// Like `extract_features`, one candidate at a time: `None` for a trace that cannot be read

@@ -7,6 +7,8 @@
 //! * [`access`] — group 2: buffer accesses, top 5 buffers (90 values).
 //! * [`intensity`] — group 3: the arithmetic intensity curve (10 values).
 //! * [`alloc`] — groups 4 and 5: allocation and outer loops (4 + 3 values).
+//! * [`code_size`] — not a PerStoreFeature: the code LLVM gets after vectorization and
+//!   unrolling, which its build time follows.
 //!
 //! One row per buffer that a store writes with a non-literal value, in the order of the first
 //! such store; the row describes the last store to that buffer (as in TVM).
@@ -14,6 +16,7 @@
 pub mod access;
 pub mod alloc;
 pub mod arith;
+pub mod code_size;
 pub mod index;
 pub mod intensity;
 pub mod lower;
@@ -159,6 +162,24 @@ pub fn extract_traces(
             let trace = Trace::from_json(t)?;
             trace::apply_trace(&mut st, &trace, postprocess)?;
             extract_state(&st)
+        })
+        .collect()
+}
+
+/// Replays each trace on the program and measures its code ([`code_size::code_size`]), in
+/// parallel; `postprocess` as in [`extract_traces`].
+pub fn code_sizes(
+    program: &Program,
+    traces: &[String],
+    postprocess: bool,
+) -> Vec<Result<code_size::CodeSize>> {
+    let base = State::from_program(program);
+    traces
+        .par_iter()
+        .map(|t| {
+            let mut st = base.clone()?;
+            trace::apply_trace(&mut st, &Trace::from_json(t)?, postprocess)?;
+            code_size::code_size(&st)
         })
         .collect()
 }

@@ -1,0 +1,236 @@
+"""Build cost in the search (issue 28, item 2): the build-time model learns which candidates are
+slow to build, the ranking defers them, the builds are kept beside the database, and the tuning
+loop feeds them to the search."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch.costmodel.build_time import MIN_BUILDS, BuildTimeModel
+from fastsearch.database import candidate_key
+from fastsearch.search import guided
+from fastsearch.search.guided import (
+    BUILD_POOL,
+    BUILD_RANK_WEIGHT,
+    ModelGuidedSampler,
+    SearchState,
+    prefer_cheap_builds,
+)
+from workloads import small
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+
+
+def _proposals(keys: str) -> guided.Proposals:
+    return [(k, "{}", 1.0 - i / 10, "exploit") for i, k in enumerate(keys)]
+
+
+def test_prefer_cheap_builds_moves_proposals_by_predicted_build():
+    props = _proposals("abcdefgh")
+    same = np.ones(8)
+    assert prefer_cheap_builds(props, same, 4) == props  # equal builds: the search's order
+    # "a" is expected to build 8x slower than the median: its rank becomes weight x want x 3
+    # (ties keep the given order).
+    slow = same.copy()
+    slow[0] = 8.0
+    assert BUILD_RANK_WEIGHT * 4 * 3 == 3.0
+    assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcadefgh")
+    # Far slower still falls no further (the log is clipped): the search's best stays in reach.
+    slow[0] = 1000.0
+    assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcadefgh")
+    # A build half the median's moves up weight x want = 1.5 places, past a near-equal proposal.
+    cheap = same.copy()
+    cheap[5] = 0.5
+    assert [p[0] for p in prefer_cheap_builds(props, cheap, 6)] == list("abcdfegh")
+    assert prefer_cheap_builds(props, cheap, 6, weight=0.0) == props
+    # Within a factor of two of the median, builds are not told apart.
+    near = same.copy()
+    near[0], near[5] = 1.9, 0.6
+    assert prefer_cheap_builds(props, near, 4) == props
+    assert prefer_cheap_builds([], np.array([]), 4) == []
+
+
+def test_code_sizes_count_strided_lanes_after_unrolling():
+    """A transpose vectorized along its strided axis: every lane of its vector load is strided,
+    and unrolling multiplies them (the pattern behind TBG:0's 8 s builds)."""
+    from fastsearch import _core
+    from fastsearch.ir.tir_import import program_json
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def transpose(a: T.Buffer((64, 32), "float32"), b: T.Buffer((32, 64), "float32")):
+        for i, j in T.grid(32, 64):
+            with T.sblock("b"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                b[vi, vj] = a[vj, vi]
+
+    program = _core.Program(program_json(transpose))
+    sch = tvm.s_tir.Schedule(transpose)
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    i0, _ = sch.split(i, [None, 4])
+    sch.vectorize(j)
+    names = list(_core.CODE_SIZE_NAMES)
+    assert names == ["log_statements", "log_strided_lanes", "log_vector_lanes", "log_max_copies"]
+
+    def counts() -> dict[str, float]:
+        (row,) = program.code_sizes([candidate_key(sch.trace)], postprocess=False)
+        return {n.removeprefix("log_"): round(float(2**v - 1)) for n, v in zip(names, row, strict=True)}
+
+    # One vector store (contiguous) and one vector load (stride 32) of 64 lanes each.
+    assert counts() == {"statements": 1, "strided_lanes": 64, "vector_lanes": 128, "max_copies": 1}
+    sch.annotate(i0, "pragma_auto_unroll_max_step", 16)
+    # The 4-iteration loop under the pragma is copied; the outer one (8 x 4 steps) stays a loop.
+    assert counts() == {"statements": 4, "strided_lanes": 256, "vector_lanes": 512, "max_copies": 4}
+    assert np.isnan(program.code_sizes(["not a trace"])).all()
+
+
+def _tvm_code_size(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[int, int]:
+    """(strided vector lanes, stores) in TVM's own lowering of ``mod`` up to UnrollLoop: the
+    lanes of every ``Ramp`` whose stride is not 1 (LLVM expands those lane by lane), and the
+    buffer stores left after unrolling."""
+    from tvm import s_tir, tirx
+
+    passes = [
+        s_tir.transform.CanonicalizeLoop(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.NarrowDataType(32),
+        s_tir.transform.LoopPartition(),
+        tirx.transform.VectorizeLoop(True),
+        tirx.transform.StorageRewrite(),
+        s_tir.transform.HoistIfThenElse(),
+        tirx.transform.UnrollLoop(),
+        tirx.transform.StmtSimplify(),
+        tirx.transform.RemoveNoOp(),
+    ]
+    with tvm.transform.PassContext(opt_level=3):
+        lowered = tvm.ir.transform.Sequential(passes)(tirx.transform.BindTarget(target)(mod))
+    text = lowered.script()
+    ramps = re.finditer(r"T\.Ramp\((?:[^()]|\([^()]*\))*?, (\d+), (\d+)\)", text)
+    strided = sum(int(m.group(2)) for m in ramps if m.group(1) != "1")
+    return strided, len(re.findall(r"^\s+\w+\[[^\n]*\] = ", text, re.MULTILINE))
+
+
+@pytest.mark.parametrize("family", ["TBG", "GMM", "C2D", "DEP", "NRM", "SFM"])
+def test_code_sizes_agree_with_tvm_lowering(family):
+    """Differential: on sampled candidates (postprocessed, auto-unrolled), the engine's count of
+    strided vector lanes equals what TVM's vectorization and unrolling leave in the code, and so
+    does its count of stores where no padding is computed (TVM's LoopPartition splits padded
+    loops; the engine does not model that)."""
+    from fastsearch import _core
+    from fastsearch.ir.tir_import import program_json
+    from fastsearch.search.sample import sample_candidates
+
+    func = small(family)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    program = _core.Program(program_json(func))
+    candidates = sample_candidates(func, target, 12, seed=3)
+    assert len(candidates) >= 8
+    rows = program.code_sizes([c.key for c in candidates])
+    ours = [(round(float(2 ** row[1] - 1)), round(float(2 ** row[0] - 1))) for row in rows]
+    theirs = [_tvm_code_size(c.schedule.mod, target) for c in candidates]
+    assert [o[0] for o in ours] == [t[0] for t in theirs]
+    if family not in ("C2D", "DEP"):
+        assert [o[1] for o in ours] == [t[1] for t in theirs]
+    if family == "TBG":  # transposes vectorized along their strided axis
+        assert sum(o[0] > 0 for o in ours) >= 4
+
+
+def test_build_time_model_ranks_unseen_builds():
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(80, 35)).astype(np.float32)
+    # Build seconds driven by two features (as unroll depth and body size drive LLVM's).
+    secs = 0.1 * np.exp2(1.5 * rows[:, 3] + 0.5 * rows[:, 7] + rng.normal(scale=0.2, size=80))
+    model = BuildTimeModel()
+    assert not model.trained
+    with pytest.raises(ValueError):
+        model.predict(rows[:2])
+    assert not model.fit(rows[: MIN_BUILDS - 1], secs[: MIN_BUILDS - 1])  # too few to learn from
+    assert model.fit(rows[:40], secs[:40]) and model.trained_on == 40
+    predicted = model.predict(rows[40:])
+    assert predicted.shape == (40,) and (predicted > 0).all()
+    ranks = [np.argsort(np.argsort(x)) for x in (predicted, secs[40:])]
+    assert np.corrcoef(*ranks)[0, 1] > 0.8
+    # Non-positive and non-finite times (builds that did not record) are left out.
+    bad = secs[:40].copy()
+    bad[:30] = np.nan
+    assert not model.fit(rows[:40], bad)
+
+
+def test_search_state_keeps_builds(tmp_path):
+    state = SearchState(tmp_path, "fused/conv")
+    assert state.load_builds() == {}
+    state.add_builds([("k1", 0.25), ("k2", 7.5)])
+    state.add_builds([])
+    with state.builds_path.open("a") as f:
+        f.write('{"key": "k3", "build')  # torn by a kill
+    assert SearchState(tmp_path, "fused/conv").load_builds() == {"k1": 0.25, "k2": 7.5}
+
+
+def _unroll(genome: str) -> int:
+    return int(json.loads(genome)["unroll"])
+
+
+def _fake_latency(key: str) -> float:
+    decisions = json.loads(key)[1]
+    tiles = [d[1] for d in decisions if isinstance(d[1], list) and len(d[1]) == 4]
+    return 1.0 / (1.0 + sum(t[-1] for t in tiles))
+
+
+def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
+    """With builds recorded where deep unrolling builds 20x slower, the build-time model learns
+    it, the search proposes BUILD_POOL times the batch, and the batch holds fewer deeply unrolled
+    candidates than the same search without build cost."""
+    func = small("GMM")
+    history: dict[str, float] = {}
+    warmup = ModelGuidedSampler(
+        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, build_cost=False
+    )
+    r = 0
+    while len(history) < 48:
+        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
+        r += 1
+    builds = {k: (2.0 if _unroll(warmup.genomes[k]) >= 2 else 0.1) for k in history}
+    assert 0 < sum(s > 1 for s in builds.values()) < len(builds)
+    pools: list[int] = []
+
+    def spy(proposals, predicted, want, weight=BUILD_RANK_WEIGHT):
+        pools.append(len(proposals))
+        return prefer_cheap_builds(proposals, predicted, want, weight)
+
+    monkeypatch.setattr(guided, "prefer_cheap_builds", spy)
+
+    def batch(build_cost: bool) -> tuple[ModelGuidedSampler, list[int]]:
+        s = ModelGuidedSampler(
+            func,
+            TARGET,
+            "evolutionary",
+            lambda: history.items(),
+            population=64,
+            generations=2,
+            rerank=False,
+            build_cost=build_cost,
+        )
+        s.genomes.update(warmup.genomes)
+        s.record_builds(builds.items())
+        out = s(func, TARGET, 16, 7, set(history))
+        return s, [_unroll(s.genomes[c.key]) for c in out]
+
+    _, off = batch(False)
+    assert not pools
+    sampler, on = batch(True)
+    assert sampler.build_model is not None and sampler.build_model.trained
+    assert pools == [BUILD_POOL * 16]
+    slow_off, slow_on = sum(u >= 2 for u in off), sum(u >= 2 for u in on)
+    assert slow_off > 0, off  # the search alone does propose deep unrolling here
+    assert slow_on < slow_off, (on, off)
