@@ -39,9 +39,15 @@ def test_prefer_cheap_builds_moves_proposals_by_predicted_build():
     slow[0] = 8.0
     assert BUILD_RANK_WEIGHT * 4 * 3 == 3.0
     assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcadefgh")
-    # Far slower still falls no further (the log is clipped): the search's best stays in reach.
+    # Far slower falls a whole batch and no further (the log is clipped at 16x).
     slow[0] = 1000.0
-    assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcadefgh")
+    assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcdaefgh")
+    # Against the task's typical build, not the proposals': when most proposals are slow, they
+    # all fall a batch behind the few that are not.
+    mostly_slow = np.full(8, 16.0)
+    mostly_slow[[2, 6]] = 1.0
+    assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 4)] == list("abcdefgh")
+    assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 4, typical_s=1.0)] == list("cabgdefh")
     # A build half the median's moves up weight x want = 1.5 places, past a near-equal proposal.
     cheap = same.copy()
     cheap[5] = 0.5
@@ -177,10 +183,6 @@ def test_search_state_keeps_builds(tmp_path):
     assert SearchState(tmp_path, "fused/conv").load_builds() == {"k1": 0.25, "k2": 7.5}
 
 
-def _unroll(genome: str) -> int:
-    return int(json.loads(genome)["unroll"])
-
-
 def _fake_latency(key: str) -> float:
     decisions = json.loads(key)[1]
     tiles = [d[1] for d in decisions if isinstance(d[1], list) and len(d[1]) == 4]
@@ -188,8 +190,8 @@ def _fake_latency(key: str) -> float:
 
 
 def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
-    """With builds recorded where deep unrolling builds 20x slower, the build-time model learns
-    it, the search proposes BUILD_POOL times the batch, and the batch holds fewer deeply unrolled
+    """With builds recorded where the largest code builds 40x slower, the build-time model learns
+    it, the search proposes BUILD_POOL times the batch, and the batch holds fewer such
     candidates than the same search without build cost."""
     func = small("GMM")
     history: dict[str, float] = {}
@@ -200,13 +202,17 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     while len(history) < 48:
         history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
         r += 1
-    builds = {k: (2.0 if _unroll(warmup.genomes[k]) >= 2 else 0.1) for k in history}
-    assert 0 < sum(s > 1 for s in builds.values()) < len(builds)
+    # Builds follow the code's size, as LLVM's do: the largest third takes 40x longer.
+    statements = dict(zip(history, warmup.program.code_sizes(list(history))[:, 0], strict=True))
+    cut = float(np.quantile(list(statements.values()), 2 / 3))
+    builds = {k: (4.0 if statements[k] > cut else 0.1) for k in history}
+    assert 0 < sum(s > 1 for s in builds.values()) < len(builds) / 2  # typically fast
     pools: list[int] = []
 
-    def spy(proposals, predicted, want, weight=BUILD_RANK_WEIGHT):
+    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT):
         pools.append(len(proposals))
-        return prefer_cheap_builds(proposals, predicted, want, weight)
+        assert typical_s == pytest.approx(np.median(list(builds.values())))
+        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight)
 
     monkeypatch.setattr(guided, "prefer_cheap_builds", spy)
 
@@ -224,13 +230,13 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
         s.genomes.update(warmup.genomes)
         s.record_builds(builds.items())
         out = s(func, TARGET, 16, 7, set(history))
-        return s, [_unroll(s.genomes[c.key]) for c in out]
+        return s, [bool(row[0] > cut) for row in s.program.code_sizes([c.key for c in out])]
 
     _, off = batch(False)
     assert not pools
     sampler, on = batch(True)
     assert sampler.build_model is not None and sampler.build_model.trained
     assert pools == [BUILD_POOL * 16]
-    slow_off, slow_on = sum(u >= 2 for u in off), sum(u >= 2 for u in on)
-    assert slow_off > 0, off  # the search alone does propose deep unrolling here
+    slow_off, slow_on = sum(off), sum(on)
+    assert slow_off > 0, off  # the search alone does propose them here
     assert slow_on < slow_off, (on, off)

@@ -67,15 +67,16 @@ COLD_GENERATIONS = 0
 
 #: Build cost in the ranking (issue 28): once a task has enough builds to train its
 #: :class:`~fastsearch.costmodel.build_time.BuildTimeModel`, the search proposes BUILD_POOL
-#: times the batch and a proposal whose predicted build is at least BUILD_DEAD_ZONE (in log2:
-#: twice) away from the median proposal's moves by BUILD_RANK_WEIGHT x the batch size x the
-#: log2 of the ratio, clipped to BUILD_LOG_CLIP. Builds within a factor of two of each other
-#: are not told apart (the model ranks them no better than chance); one expected to build 8x
-#: slower than the median falls 0.75 of a batch, so it is measured only when the search ranks
-#: it near the top.
+#: times the batch, and a proposal whose predicted build is at least BUILD_DEAD_ZONE (in log2:
+#: twice) away from the task's median build moves by BUILD_RANK_WEIGHT x the batch size x the
+#: log2 of the ratio, clipped to BUILD_LOG_CLIP. Builds within a factor of two of the median
+#: are not told apart (the model ranks them no better than chance); one expected to build 16x
+#: slower falls a whole batch, so it is measured only when the search has too few others. The
+#: reference is the task's measured builds, not the proposals': on TBG:0 the search once
+#: converged on candidates that all took 8 s to build and were no faster than the rest.
 BUILD_POOL = 2
 BUILD_RANK_WEIGHT = 0.25
-BUILD_LOG_CLIP = (-1.0, 3.0)
+BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
 
 #: The Rust search's strategies.
@@ -176,12 +177,13 @@ class ModelGuidedSampler:
         return trained
 
     def _prefer_cheap_builds(self, proposals: Proposals, want: int) -> Proposals:
-        """``proposals`` re-ranked by their predicted build seconds (:func:`prefer_cheap_builds`)."""
+        """``proposals`` re-ranked by their predicted build seconds against the task's median
+        build (:func:`prefer_cheap_builds`)."""
         assert self.build_model is not None
         t0 = time.perf_counter()
         predicted = self.build_model.predict(self._code_size_rows([key for key, _, _, _ in proposals]))
         self.timing["search"] += time.perf_counter() - t0
-        return prefer_cheap_builds(proposals, predicted, want)
+        return prefer_cheap_builds(proposals, predicted, want, float(np.median(list(self.builds.values()))))
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -377,16 +379,20 @@ def keep_exploring(proposals: Proposals, reordered: Proposals, want: int) -> Pro
 
 
 def prefer_cheap_builds(
-    proposals: Proposals, predicted_s: np.ndarray, want: int, weight: float = BUILD_RANK_WEIGHT
+    proposals: Proposals,
+    predicted_s: np.ndarray,
+    want: int,
+    typical_s: float | None = None,
+    weight: float = BUILD_RANK_WEIGHT,
 ) -> Proposals:
     """``proposals`` (best first) with each one's rank moved by ``weight x want x log2(predicted
-    build / median predicted build)``, the log clipped to :data:`BUILD_LOG_CLIP` and left at 0
-    within :data:`BUILD_DEAD_ZONE`: a much cheaper build moves up, a much slower one down; ties
-    keep the given order."""
+    build / typical_s)`` (default: the proposals' median prediction), the log clipped to
+    :data:`BUILD_LOG_CLIP` and left at 0 within :data:`BUILD_DEAD_ZONE`: a much cheaper build
+    moves up, a much slower one down; ties keep the given order."""
     if not proposals:
         return proposals
     predicted = np.asarray(predicted_s, dtype=np.float64)
-    typical = float(np.median(predicted))
+    typical = float(np.median(predicted)) if typical_s is None else float(typical_s)
     if not typical > 0:
         return proposals
     shift = np.clip(np.log2(np.maximum(predicted, 1e-9) / typical), *BUILD_LOG_CLIP)
