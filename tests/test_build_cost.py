@@ -16,6 +16,7 @@ from fastsearch.search import guided
 from fastsearch.search.guided import (
     BUILD_POOL,
     BUILD_RANK_WEIGHT,
+    BUILD_SLOW_SHARE,
     ModelGuidedSampler,
     SearchState,
     prefer_cheap_builds,
@@ -43,11 +44,13 @@ def test_prefer_cheap_builds_moves_proposals_by_predicted_build():
     slow[0] = 1000.0
     assert [p[0] for p in prefer_cheap_builds(props, slow, 4)] == list("bcdaefgh")
     # Against the task's typical build, not the proposals': when most proposals are slow, they
-    # all fall a batch behind the few that are not.
+    # fall a batch behind the few that are not, and only BUILD_SLOW_SHARE of a batch (one here)
+    # keeps its place.
     mostly_slow = np.full(8, 16.0)
     mostly_slow[[2, 6]] = 1.0
     assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 4)] == list("abcdefgh")
-    assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 4, typical_s=1.0)] == list("cabgdefh")
+    assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 4, typical_s=1.0)] == list("cagbdefh")
+    assert [p[0] for p in prefer_cheap_builds(props, mostly_slow, 16, typical_s=1.0)] == list("cgabdefh")
     # A build half the median's moves up weight x want = 1.5 places, past a near-equal proposal.
     cheap = same.copy()
     cheap[5] = 0.5
@@ -240,3 +243,4 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     slow_off, slow_on = sum(off), sum(on)
     assert slow_off > 0, off  # the search alone does propose them here
     assert slow_on < slow_off, (on, off)
+    assert slow_on <= max(1, int(16 * BUILD_SLOW_SHARE))

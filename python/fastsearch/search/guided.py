@@ -69,15 +69,18 @@ COLD_GENERATIONS = 0
 #: :class:`~fastsearch.costmodel.build_time.BuildTimeModel`, the search proposes BUILD_POOL
 #: times the batch, and a proposal whose predicted build is at least BUILD_DEAD_ZONE (in log2:
 #: twice) away from the task's median build moves by BUILD_RANK_WEIGHT x the batch size x the
-#: log2 of the ratio, clipped to BUILD_LOG_CLIP. Builds within a factor of two of the median
-#: are not told apart (the model ranks them no better than chance); one expected to build 16x
-#: slower falls a whole batch, so it is measured only when the search has too few others. The
-#: reference is the task's measured builds, not the proposals': on TBG:0 the search once
-#: converged on candidates that all took 8 s to build and were no faster than the rest.
+#: log2 of the ratio, clipped to BUILD_LOG_CLIP: among near-equal proposals the cheaper build
+#: goes first. Builds within a factor of two are not told apart (the model ranks them no better
+#: than chance). Proposals predicted to build at least 2**BUILD_SLOW_LOG2 (4) times the median
+#: take at most BUILD_SLOW_SHARE of a batch (one at least, so the model keeps learning): on
+#: TBG:0 the search converged on candidates that all built in 8 s (40x the median) and ran no
+#: faster than the rest, and moving them down a batch still left half of each batch to them.
 BUILD_POOL = 2
 BUILD_RANK_WEIGHT = 0.25
 BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
+BUILD_SLOW_LOG2 = 2.0
+BUILD_SLOW_SHARE = 0.125
 
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
@@ -388,17 +391,27 @@ def prefer_cheap_builds(
     """``proposals`` (best first) with each one's rank moved by ``weight x want x log2(predicted
     build / typical_s)`` (default: the proposals' median prediction), the log clipped to
     :data:`BUILD_LOG_CLIP` and left at 0 within :data:`BUILD_DEAD_ZONE`: a much cheaper build
-    moves up, a much slower one down; ties keep the given order."""
+    moves up, a much slower one down; ties keep the given order. Of the proposals predicted at
+    least ``2**BUILD_SLOW_LOG2`` times ``typical_s``, only the first ``BUILD_SLOW_SHARE x want``
+    (one at least) keep their place; the others go last."""
     if not proposals:
         return proposals
     predicted = np.asarray(predicted_s, dtype=np.float64)
     typical = float(np.median(predicted)) if typical_s is None else float(typical_s)
     if not typical > 0:
         return proposals
-    shift = np.clip(np.log2(np.maximum(predicted, 1e-9) / typical), *BUILD_LOG_CLIP)
+    ratio = np.log2(np.maximum(predicted, 1e-9) / typical)
+    shift = np.clip(ratio, *BUILD_LOG_CLIP)
     shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
-    adjusted = np.arange(len(proposals)) + weight * want * shift
-    return [proposals[i] for i in np.argsort(adjusted, kind="stable")]
+    order = np.argsort(np.arange(len(proposals)) + weight * want * shift, kind="stable")
+    room = max(1, int(want * BUILD_SLOW_SHARE))
+    kept: list[int] = []
+    deferred: list[int] = []
+    for i in order:
+        slow = ratio[i] >= BUILD_SLOW_LOG2
+        (deferred if slow and room == 0 else kept).append(int(i))
+        room -= int(slow and room > 0)
+    return [proposals[i] for i in kept + deferred]
 
 
 def blend_ranks(proposals: Proposals, predicted: np.ndarray, weight: float) -> Proposals:
