@@ -1,9 +1,11 @@
-"""GPU targets are refused with typed errors before any work, never served CPU schedules.
+"""GPU targets are resolved as a user writes them and refused with typed errors before any
+work, never served CPU schedules.
 
 fastsearch's sketches, features and cost models are CPU-only for now. A well-formed GPU target
-is an ``UnsupportedTarget``; a CUDA target without the limits a GPU search reads (a bare
-``"cuda"``) is an ``InvalidTarget`` naming them. No GPU is needed: TVM builds these targets
-anywhere.
+(a tag, a dict with the limits, or one that names a CUDA ``arch``) is an ``UnsupportedTarget``;
+a CUDA target without the limits a GPU search reads (a bare ``"cuda"`` on a machine without a
+GPU) is an ``InvalidTarget`` naming them and the ways to give them. No GPU is needed: TVM builds
+these targets anywhere; the one test that reads a GPU's own target skips without one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 import tvm
 from fastsearch import InvalidTarget, UnsupportedTarget, extract_features, sample, tune
 from fastsearch.cli.main import main
-from fastsearch.ir.target import CUDA_LIMITS, is_gpu, require_searchable, resolve_target
+from fastsearch.ir.target import CUDA_ARCH_LIMITS, CUDA_LIMITS, is_gpu, require_searchable, resolve_target
 from fastsearch.ir.tune_context import tune_context
 from fastsearch.metaschedule import SearchStrategy, store_features
 from tvm.s_tir import Schedule
@@ -32,13 +34,40 @@ def test_well_formed_gpu_targets_are_unsupported(spec):
         sample(small("GMM"), spec, n=2)
 
 
-@pytest.mark.parametrize("spec", ["cuda", {"kind": "cuda", "arch": "sm_75"}])
+@pytest.mark.parametrize("spec", ["cuda", {"kind": "cuda"}])
 def test_a_cuda_target_without_its_limits_names_them(spec):
+    if spec == "cuda" and tvm.cuda(0).exist:
+        pytest.skip("on a machine with a GPU, 'cuda' is that GPU, limits included")
     with pytest.raises(InvalidTarget) as info:
         require_searchable(resolve_target(spec), "check")
     for limit in ("max_threads_per_block", "max_shared_memory_per_block"):
         assert limit in str(info.value)
+    assert "arch" in str(info.value) and "nvidia/nvidia-h100" in str(info.value)
     assert set(CUDA_LIMITS) >= {"max_threads_per_block", "max_shared_memory_per_block"}
+
+
+def test_a_cuda_arch_brings_its_limits():
+    """A CUDA dict that names only an architecture gets the per-block limits every arch from
+    sm_50 on shares (the H100 tag's values); limits the dict gives win."""
+    target = resolve_target({"kind": "cuda", "arch": "sm_90"})
+    h100 = resolve_target(H100)
+    for limit in CUDA_ARCH_LIMITS:
+        assert int(target.attrs[limit]) == int(h100.attrs[limit]) == CUDA_ARCH_LIMITS[limit]
+    assert str(target.attrs["arch"]) == "sm_90"
+    small_smem = resolve_target({"kind": "cuda", "arch": "sm_90a", "max_shared_memory_per_block": 16384})
+    assert int(small_smem.attrs["max_shared_memory_per_block"]) == 16384
+    with pytest.raises(UnsupportedTarget):  # well-formed now: refused as a GPU target, not invalid
+        require_searchable(target, "check")
+    for bad in ("sm_35", "compute_90", "90"):
+        with pytest.raises(InvalidTarget, match="'arch' must name a CUDA architecture"):
+            resolve_target({"kind": "cuda", "arch": bad})
+
+
+@pytest.mark.skipif(not tvm.cuda(0).exist, reason="needs a CUDA GPU")
+def test_cuda_is_this_machines_gpu():
+    target = resolve_target("cuda")
+    assert str(target.attrs["arch"]).startswith("sm_")
+    assert all(target.attrs.get(limit) is not None for limit in CUDA_LIMITS)
 
 
 def test_cpu_targets_pass():

@@ -10,6 +10,7 @@ only mean this machine.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Union
 
 import psutil
@@ -20,6 +21,7 @@ from fastsearch.errors import InvalidTarget, UnsupportedTarget
 TargetLike = Union[str, dict, tvm.target.Target, None]  # noqa: UP007  (runtime alias, py3.10)
 
 __all__ = [
+    "CUDA_ARCH_LIMITS",
     "TargetLike",
     "device",
     "device_type",
@@ -55,8 +57,56 @@ def _describe(target: Any) -> str:
     return repr(target)
 
 
+#: Per-block limits every CUDA architecture from sm_50 on shares (the CUDA programming guide's
+#: table of compute capabilities): what a CUDA target dict that names only an ``arch`` gets.
+#: The H100 tag (``nvidia/nvidia-h100``) carries the same values.
+CUDA_ARCH_LIMITS: dict[str, int] = {
+    "max_num_threads": 1024,
+    "max_threads_per_block": 1024,
+    "max_shared_memory_per_block": 49152,
+    "registers_per_block": 65536,
+    "thread_warp_size": 32,
+}
+
+
+def _cuda_arch_limits(config: dict[str, Any], original: Any) -> dict[str, Any]:
+    """``config`` (a CUDA target dict) with :data:`CUDA_ARCH_LIMITS` filled in where it names an
+    ``arch`` (``sm_XY``, optionally ``a``) and leaves a limit out; limits it gives win."""
+    arch = config.get("arch")
+    if arch is None:
+        return config
+    match = re.fullmatch(r"sm_(\d+)a?", str(arch))
+    if match is None or int(match.group(1)) < 50:
+        raise InvalidTarget(
+            f"invalid target {_describe(original)}: 'arch' must name a CUDA architecture from "
+            f"sm_50 on, such as 'sm_90' or 'sm_90a', got {arch!r}"
+        )
+    return {**CUDA_ARCH_LIMITS, **config}
+
+
+def _cuda_device_target() -> tvm.target.Target | None:
+    """The target of this machine's CUDA device 0, its arch and limits read from the driver (the
+    rest from :data:`CUDA_ARCH_LIMITS`), or None when there is no CUDA device."""
+    try:
+        dev = tvm.cuda(0)
+        if not dev.exist:
+            return None
+        config = {
+            "kind": "cuda",
+            "arch": "sm_" + str(dev.compute_version).replace(".", ""),
+            "max_threads_per_block": int(dev.max_threads_per_block),
+            "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+            "thread_warp_size": int(dev.warp_size),
+        }
+    except (RuntimeError, ValueError, AttributeError, OSError):  # no CUDA runtime or driver
+        return None
+    return _from_config(config, "cuda")
+
+
 def _from_config(config: dict[str, Any], original: Any) -> tvm.target.Target:
     config = dict(config)
+    if config.get("kind") == "cuda":
+        config = _cuda_arch_limits(config, original)
     cores = config.get("num-cores")
     if isinstance(cores, int) and not isinstance(cores, bool) and cores < 1:  # TVM accepts any int
         raise InvalidTarget(f"invalid target {_describe(original)}: 'num-cores' must be >= 1, got {cores}")
@@ -72,8 +122,11 @@ def _from_config(config: dict[str, Any], original: Any) -> tvm.target.Target:
 def resolve_target(target: TargetLike = None) -> tvm.target.Target:
     """Resolve ``target`` to a :class:`tvm.target.Target`.
 
-    Accepts ``None``/``"llvm"`` (this CPU), a target dict, a JSON string of one, a plain kind name
-    (``"cuda"``, ``"c"``), or a ready ``Target`` (returned unchanged). Raises
+    Accepts ``None``/``"llvm"`` (this CPU), a target dict, a JSON string of one, a tag
+    (``"nvidia/nvidia-h100"``), a plain kind name (``"c"``), or a ready ``Target`` (returned
+    unchanged). ``"cuda"`` is this machine's GPU (arch and limits from the driver) when it has one.
+    A CUDA dict that names an ``arch`` gets the per-block limits every architecture from sm_50
+    shares (:data:`CUDA_ARCH_LIMITS`) where it leaves them out. Raises
     :class:`fastsearch.InvalidTarget` naming the target when TVM does not accept it.
     """
     if isinstance(target, tvm.target.Target):
@@ -100,6 +153,11 @@ def resolve_target(target: TargetLike = None) -> tvm.target.Target:
             return _from_config(config, target)
         if text == "llvm":
             return _from_config(_host_llvm_config(), target)
+        if text == "cuda":
+            # This machine's GPU, when it has one; otherwise TVM's bare "cuda" (no limits).
+            found = _cuda_device_target()
+            if found is not None:
+                return found
         try:
             return tvm.target.Target(text)
         except Exception as exc:
@@ -153,7 +211,9 @@ def require_searchable(target: tvm.target.Target, what: str) -> None:
         if missing:
             raise InvalidTarget(
                 f"invalid target {target}: a CUDA target needs {', '.join(missing)}; use a tag "
-                "such as 'nvidia/nvidia-h100' or give them in the target dict"
+                "such as 'nvidia/nvidia-h100', name the architecture "
+                '({"kind": "cuda", "arch": "sm_90"}), give the limits in the target dict, or '
+                "pass 'cuda' on a machine with a GPU"
             )
     raise UnsupportedTarget(
         f"{what}: fastsearch searches CPU targets (kind 'llvm') only; {kind} target {target} "
