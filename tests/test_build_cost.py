@@ -4,12 +4,12 @@ loop feeds them to the search."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 import pytest
 import tvm
+from fake_measure import measure_until
 from fastsearch.costmodel.build_time import MIN_BUILDS, BuildTimeModel
 from fastsearch.database import candidate_key
 from fastsearch.search import guided
@@ -186,12 +186,6 @@ def test_search_state_keeps_builds(tmp_path):
     assert SearchState(tmp_path, "fused/conv").load_builds() == {"k1": 0.25, "k2": 7.5}
 
 
-def _fake_latency(key: str) -> float:
-    decisions = json.loads(key)[1]
-    tiles = [d[1] for d in decisions if isinstance(d[1], list) and len(d[1]) == 4]
-    return 1.0 / (1.0 + sum(t[-1] for t in tiles))
-
-
 def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     """With builds recorded where the largest code builds 40x slower, the build-time model learns
     it, the search proposes BUILD_POOL times the batch, and the batch holds fewer such
@@ -201,10 +195,7 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     warmup = ModelGuidedSampler(
         func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, build_cost=False
     )
-    r = 0
-    while len(history) < 48:
-        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
-        r += 1
+    measure_until(warmup, func, TARGET, history, 48)
     # Builds follow the code's size, as LLVM's do: the largest third takes 40x longer.
     statements = dict(zip(history, warmup.program.code_sizes(list(history))[:, 0], strict=True))
     cut = float(np.quantile(list(statements.values()), 2 / 3))

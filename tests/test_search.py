@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tvm
 import xgboost as xgb
+from fake_measure import fake_latency, measure_until
 from fastsearch import _core
 from fastsearch.costmodel.learned import CostModel, pairwise_accuracy
 from fastsearch.ir.machine import Machine, fma_per_cycle, machine_of
@@ -71,13 +72,6 @@ def test_sketch_features_are_finite_and_named():
     assert len(np.unique(rows, axis=0)) > 1
 
 
-def _fake_latency(key: str) -> float:
-    """A deterministic stand-in for a measurement: prefers wide innermost tiles."""
-    decisions = json.loads(key)[1]
-    tiles = [d[1] for d in decisions if isinstance(d[1], list) and len(d[1]) == 4]
-    return 1.0 / (1.0 + sum(t[-1] for t in tiles))
-
-
 @pytest.mark.parametrize("strategy", ["evolutionary", "annealing"])
 def test_model_guided_sampler_proposes_new_valid_candidates(strategy):
     func = small("GMM")
@@ -92,7 +86,7 @@ def test_model_guided_sampler_proposes_new_valid_candidates(strategy):
         assert len(set(keys)) == len(keys)
         assert not set(keys) & set(history), "a measured candidate was proposed again"
         for c in cands:
-            history[c.key] = _fake_latency(c.key)
+            history[c.key] = fake_latency(c.key)
     assert len(history) >= MIN_RECORDS
     assert sampler.model.trained_on >= MIN_RECORDS
 
@@ -130,10 +124,7 @@ def test_late_batches_are_reranked_by_the_task_store_model(monkeypatch):
     warmup = ModelGuidedSampler(
         func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, rerank=False
     )
-    r = 0
-    while len(history) < RERANK_AFTER:
-        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
-        r += 1
+    measure_until(warmup, func, TARGET, history, RERANK_AFTER)
     seen: list[tuple[list[str], list[str]]] = []
 
     def spy(proposals, predicted, weight):
@@ -171,10 +162,7 @@ def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
     warmup = ModelGuidedSampler(
         func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=1, rerank=False
     )
-    r = 0
-    while len(history) < 64:
-        history.update((c.key, _fake_latency(c.key)) for c in warmup(func, TARGET, 16, r, set(history)))
-        r += 1
+    measure_until(warmup, func, TARGET, history, 64)
     seen = []
 
     def spy(proposals, reordered, want):
@@ -205,7 +193,7 @@ def test_model_guided_sampler_is_deterministic():
         for r in range(2):
             cands = sampler(func, TARGET, 6, r, set(history))
             out.extend(c.key for c in cands)
-            history.update((c.key, _fake_latency(c.key)) for c in cands)
+            history.update((c.key, fake_latency(c.key)) for c in cands)
         return out
 
     assert run() == run()
@@ -216,7 +204,7 @@ def test_cost_model_learns_a_ranking():
     doc = program_json(func)
     pairs = _core.Program(doc).sample_genomes(_core.Target(2, vector_bytes=64), 200, 1)
     rows = _core.Program(doc).sketch_feature_rows(_core.Target(2, vector_bytes=64), [g for _, g in pairs])
-    lat = np.array([_fake_latency(k) for k, _ in pairs])
+    lat = np.array([fake_latency(k) for k, _ in pairs])
     model = CostModel()
     model.fit(rows[:150], lat[:150])
     assert pairwise_accuracy(model.predict(rows[150:]), lat[150:]) > 0.8
@@ -238,7 +226,7 @@ def test_search_state_makes_a_later_run_start_warm(tmp_path):
     )
     for r in range(3):
         cands = first(func, TARGET, 6, r, set(history))
-        history.update((c.key, _fake_latency(c.key)) for c in cands)
+        history.update((c.key, fake_latency(c.key)) for c in cands)
     saved = SearchState(tmp_path, "main")
     assert set(history) <= set(saved.load_genomes())
     model = saved.load_model()
@@ -340,7 +328,7 @@ def test_sibling_tasks_train_each_others_models():
     first = _matmul_sampler(siblings, history)
     for r in range(2):
         cands = first(matmul(32), TARGET, 8, r, set(history))
-        history.update((c.key, _fake_latency(c.key)) for c in cands)
+        history.update((c.key, fake_latency(c.key)) for c in cands)
     assert len(history) >= MIN_RECORDS
 
     relu = ModelGuidedSampler(
@@ -374,7 +362,7 @@ def test_siblings_with_the_same_anchor_share_their_best_candidates():
     history: dict[str, float] = {}
     first = _matmul_sampler(siblings, history)
     cands = first(matmul(32), TARGET, 8, 0, set())
-    history.update((c.key, _fake_latency(c.key)) for c in cands)
+    history.update((c.key, fake_latency(c.key)) for c in cands)
     relu = ModelGuidedSampler(
         matmul_relu(32), TARGET, "evolutionary", {}.items, population=64, siblings=siblings, name="mm_relu"
     )

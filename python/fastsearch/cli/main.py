@@ -21,7 +21,7 @@ from typing import Any
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.model_timing import describe_end_to_end, end_to_end
 from fastsearch.ir.target import physical_cores, require_searchable, resolve_target
-from fastsearch.measure.measurer import MeasureConfig, RPCRunner
+from fastsearch.measure.measurer import BUILD_STAGES, MeasureConfig, RPCRunner
 from fastsearch.testing import onnx_zoo
 from fastsearch.testing.onnx_zoo import SMALL, ZOO
 from fastsearch.testing.relax_models import MODELS, load_model
@@ -326,8 +326,7 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     built = [h for h in getattr(result, "history", []) if h.build_s is not None]
     if built:
         med = {
-            stage: statistics.median(getattr(h, f"build_{stage}_s") for h in built)
-            for stage in ("passes", "codegen", "export")
+            stage: statistics.median(getattr(h, f"build_{stage}_s") for h in built) for stage in BUILD_STAGES
         }
         lines.append(
             f"build (s)    per candidate ({len(built)} recorded), medians: TVM passes {med['passes']:.3f}, "

@@ -18,7 +18,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +168,16 @@ def _arg_bytes(info: ms.arg_info.ArgInfo) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
+#: The stages of a build :func:`export_module` times: TVM's passes, code generation, export.
+BUILD_STAGES = ("passes", "codegen", "export")
+
+
+def build_seconds(stages: Mapping[str, float | None] | None) -> float | None:
+    """A build's seconds, its :data:`BUILD_STAGES` together; None when one was not recorded."""
+    parts = [(stages or {}).get(k) for k in BUILD_STAGES]
+    return None if any(v is None for v in parts) else sum(v for v in parts if v is not None)
+
+
 @dataclass
 class MeasureResult:
     """Outcome of one candidate: per-repeat seconds, or the error that stopped it."""
@@ -196,9 +206,7 @@ class MeasureResult:
     @property
     def build_s(self) -> float | None:
         """Seconds of the whole build, its stages together (None where not recorded)."""
-        stages = self.build_stages or {}
-        parts = [stages.get(k) for k in ("passes", "codegen", "export")]
-        return None if any(v is None for v in parts) else sum(v for v in parts if v is not None)
+        return build_seconds(self.build_stages)
 
     @property
     def mean_us(self) -> float | None:

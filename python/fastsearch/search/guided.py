@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal, cast, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 import numpy as np
 import tvm
@@ -81,6 +81,8 @@ BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
 BUILD_SLOW_LOG2 = 2.0
 BUILD_SLOW_SHARE = 0.125
+
+T = TypeVar("T")
 
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
@@ -559,45 +561,19 @@ class SearchState:
         self.builds_path = self.directory / f"fastsearch_search.{safe}.builds.jsonl"
 
     def load_genomes(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        if not self.genomes_path.exists():
-            return out
-        for line in self.genomes_path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-                out[str(entry["key"])] = str(entry["genome"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line torn by a kill: its candidate is simply proposed again
-        return out
+        """The genome of every candidate proposed by earlier runs, by key (a torn line: its
+        candidate is simply proposed again)."""
+        return _read_keyed(self.genomes_path, "genome", str)
 
     def add_genomes(self, pairs: list[tuple[str, str]]) -> None:
-        if not pairs:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self.genomes_path.open("a") as f:
-            for key, genome in pairs:
-                f.write(json.dumps({"key": key, "genome": genome}) + "\n")
+        _append_keyed(self.genomes_path, "genome", pairs)
 
     def load_builds(self) -> dict[str, float]:
         """Build seconds of the candidates measured by earlier runs, by key."""
-        out: dict[str, float] = {}
-        if not self.builds_path.exists():
-            return out
-        for line in self.builds_path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-                out[str(entry["key"])] = float(entry["build_s"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line torn by a kill
-        return out
+        return _read_keyed(self.builds_path, "build_s", float)
 
     def add_builds(self, pairs: list[tuple[str, float]]) -> None:
-        if not pairs:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self.builds_path.open("a") as f:
-            for key, seconds in pairs:
-                f.write(json.dumps({"key": key, "build_s": round(seconds, 4)}) + "\n")
+        _append_keyed(self.builds_path, "build_s", [(key, round(seconds, 4)) for key, seconds in pairs])
 
     def load_model(self) -> tuple[str, int] | None:
         """(booster JSON, records it was trained on), or None if absent or unreadable."""
@@ -612,3 +588,30 @@ class SearchState:
         tmp = self.model_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"trained_on": trained_on, "booster": json.loads(booster_json)}))
         os.replace(tmp, self.model_path)
+
+
+def _read_keyed(path: Path, field: str, convert: Callable[[Any], T]) -> dict[str, T]:
+    """``{key: convert(entry[field])}`` of a JSON-lines file of ``{"key": ..., field: ...}``
+    entries; a line torn by a kill (or whose field is missing or will not convert) is skipped, a
+    missing file is empty."""
+    out: dict[str, T] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            out[str(entry["key"])] = convert(entry[field])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _append_keyed(path: Path, field: str, pairs: Iterable[tuple[str, object]]) -> None:
+    """Appends one ``{"key": key, field: value}`` line per pair (nothing, not even the folder,
+    when there are none)."""
+    lines = [json.dumps({"key": key, field: value}) + "\n" for key, value in pairs]
+    if not lines:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.writelines(lines)

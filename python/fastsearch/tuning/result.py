@@ -15,6 +15,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from fastsearch.database import TuningDatabase
 from fastsearch.graph.relax_tasks import apply_database
+from fastsearch.measure.measurer import build_seconds
 from fastsearch.search.sample import fresh_copy
 from fastsearch.search.warm_start import WarmStart
 
@@ -100,8 +101,9 @@ class TrialRecord:
     @property
     def build_s(self) -> float | None:
         """Its whole build, the three stages together (None when not recorded)."""
-        stages = (self.build_passes_s, self.build_codegen_s, self.build_export_s)
-        return None if any(s is None for s in stages) else sum(s for s in stages if s is not None)
+        return build_seconds(
+            {"passes": self.build_passes_s, "codegen": self.build_codegen_s, "export": self.build_export_s}
+        )
 
 
 @dataclass

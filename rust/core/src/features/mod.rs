@@ -144,44 +144,45 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
         .collect()
 }
 
-/// Replays each trace on the program and extracts its features, in parallel; the result does
-/// not depend on the thread count. Without `postprocess` the trace's own postprocessing
+/// Replays each trace on the program and reads `read` off its state, in parallel; the result
+/// does not depend on the thread count. Without `postprocess` the trace's own postprocessing
 /// instructions are replayed (a schedule's trace after MetaSchedule's postprocessors); with it,
 /// they are skipped and fastsearch's CPU postprocessors run instead (a trace as stored in a
 /// database, or a candidate's key, which has none).
-pub fn extract_traces(
+fn read_replayed<T: Send>(
     program: &Program,
     traces: &[String],
     postprocess: bool,
-) -> Vec<Result<Vec<f32>>> {
-    let base = State::from_program(program);
-    traces
-        .par_iter()
-        .map(|t| {
-            let mut st = base.clone()?;
-            let trace = Trace::from_json(t)?;
-            trace::apply_trace(&mut st, &trace, postprocess)?;
-            extract_state(&st)
-        })
-        .collect()
-}
-
-/// Replays each trace on the program and measures its code ([`code_size::code_size`]), in
-/// parallel; `postprocess` as in [`extract_traces`].
-pub fn code_sizes(
-    program: &Program,
-    traces: &[String],
-    postprocess: bool,
-) -> Vec<Result<code_size::CodeSize>> {
+    read: impl Fn(&State) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
     let base = State::from_program(program);
     traces
         .par_iter()
         .map(|t| {
             let mut st = base.clone()?;
             trace::apply_trace(&mut st, &Trace::from_json(t)?, postprocess)?;
-            code_size::code_size(&st)
+            read(&st)
         })
         .collect()
+}
+
+/// Replays each trace on the program and extracts its features ([`read_replayed`]).
+pub fn extract_traces(
+    program: &Program,
+    traces: &[String],
+    postprocess: bool,
+) -> Vec<Result<Vec<f32>>> {
+    read_replayed(program, traces, postprocess, extract_state)
+}
+
+/// Replays each trace on the program and measures its code ([`code_size::code_size`],
+/// [`read_replayed`]).
+pub fn code_sizes(
+    program: &Program,
+    traces: &[String],
+    postprocess: bool,
+) -> Vec<Result<code_size::CodeSize>> {
+    read_replayed(program, traces, postprocess, code_size::code_size)
 }
 
 /// The lowered program the features of one trace are read from, as text: the loops and stores
