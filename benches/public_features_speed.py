@@ -8,11 +8,13 @@ takes ``--candidates`` candidates not seen in an earlier round:
 - fastsearch: ``fastsearch.extract_features(func, traces)``: the TVM traces are converted to
   JSON and the function imported inside the call, then the engine replays and extracts in Rust.
 
+The two alternate which goes first, round by round.
+
 The first round's times are printed apart (fastsearch imports the function then; later calls
 on the same function reuse it), then the median over the other rounds, and whether the values
 agree row for row::
 
-    python -m benches.public_features_speed --workload C2D:1 --candidates 24 --rounds 6
+    python -m benches.public_features_speed --workload C2D:1 --candidates 24 --rounds 16
 """
 
 from __future__ import annotations
@@ -46,22 +48,27 @@ def main() -> None:
     arg_info = ms.arg_info.ArgInfo.from_prim_func(func)
     extractor = ms.feature_extractor.PerStoreFeature()
 
-    times: dict[str, list[float]] = {"tvm": [], "fastsearch": []}
-    equal = total = 0
-    for batch in rounds:
-        traces = [s.trace for s in batch]
-        t0 = time.perf_counter()
+    def tvm_features(traces: list) -> list[np.ndarray]:
         cands = []
         for t in traces:
             sch = tvm.s_tir.Schedule(mod)
             t.apply_to_schedule(sch, remove_postproc=False)
             cands.append(ms.MeasureCandidate(sch, arg_info))
-        theirs = [x.numpy() for x in extractor.extract_from(ctx, cands)]
-        times["tvm"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        ours = extract_features(func, traces)
-        times["fastsearch"].append(time.perf_counter() - t0)
-        for a, b in zip(ours, theirs):
+        return [x.numpy() for x in extractor.extract_from(ctx, cands)]
+
+    times: dict[str, list[float]] = {"tvm": [], "fastsearch": []}
+    equal = total = 0
+    for r, batch in enumerate(rounds):
+        traces = [s.trace for s in batch]
+        # Each side goes first in every other round: the one that runs second finds the other's
+        # worker threads still spinning on the two cores.
+        sides = ["tvm", "fastsearch"] if r % 2 == 0 else ["fastsearch", "tvm"]
+        out = {}
+        for side in sides:
+            t0 = time.perf_counter()
+            out[side] = tvm_features(traces) if side == "tvm" else extract_features(func, traces)
+            times[side].append(time.perf_counter() - t0)
+        for a, b in zip(out["fastsearch"], out["tvm"]):
             total += 1
             equal += int(a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5))
     n = len(rounds[0])
@@ -77,6 +84,13 @@ def main() -> None:
             f"later rounds (median): TVM {1e3 * statistics.median(times['tvm'][1:]):.1f} ms, fastsearch "
             f"{1e3 * statistics.median(times['fastsearch'][1:]):.2f} ms ({statistics.median(rest):.1f}x)"
         )
+        after_tvm = [x for i, x in enumerate(rest, 1) if i % 2 == 0]
+        after_ours = [x for i, x in enumerate(rest, 1) if i % 2 == 1]
+        if after_tvm and after_ours:
+            print(
+                f"  by order: {statistics.median(after_tvm):.1f}x with TVM first, "
+                f"{statistics.median(after_ours):.1f}x with fastsearch first"
+            )
     print(f"equal row for row: {equal} of {total} candidates")
 
 

@@ -8,6 +8,7 @@ trace JSON through our engine. Row counts must be equal, values within 1e-3 (log
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -30,6 +31,7 @@ from fastsearch.costmodel.features import (
     extract_features_json,
 )
 from fastsearch.errors import FastsearchError
+from fastsearch.ir import loop_nest
 from fastsearch.ir.loop_nest import trace_json
 from fastsearch.ir.tir_import import imported_program, program_json
 from fastsearch.search.sample import sample_candidates
@@ -198,3 +200,36 @@ def test_bad_trace_is_a_typed_error() -> None:
         extract_features_json(program_json(func), ['[[["Split", ["l0"], [], []]], []]'])
     with pytest.raises(FastsearchError):
         extract_features_json(program_json(func), ["not json"])
+
+
+@pytest.mark.parametrize("family", ["C2D", "SFM", "TBG", "DEP"])
+def test_traces_read_from_tvm_objects_equal_tvm_writer(family: str) -> None:
+    # The extension reads TraceAsJSON's objects itself; TVM's database writer is the reference.
+    func = te_workload.create_te_workload(family, 0)
+    traces = [s.trace for s in space_candidates(func, 12)]
+    assert loop_nest._FFI is not None, "tvm-ffi's layout is not the one the extension reads"
+    ours = loop_nest.traces_text(traces)
+    theirs = loop_nest._records_text(traces)
+    assert [json.loads(t) for t in ours] == [json.loads(t)[1][0] for t in theirs]
+
+
+def test_a_trace_the_reader_leaves_to_tvm_is_written_by_tvm(monkeypatch) -> None:
+    # An index map (transform_layout) is not read by the extension: that trace goes through TVM's
+    # writer, the others do not. (The engine cannot replay TransformLayout, so it has no features.)
+    func = te_workload.create_te_workload("GMM", 0)
+    schs = [c.schedule for c in sample_candidates(func, target(), 4, seed=3)]
+    odd = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    odd.transform_layout(odd.get_sblock("Z"), ("write", 0), lambda b, i, j: (b, j, i))
+    traces = [s.trace for s in schs[:2]] + [odd.trace] + [s.trace for s in schs[2:]]
+    direct = loop_nest.features_of_traces(imported_program(func), traces)
+    assert direct is not None
+    assert [d is None for d in direct] == [i == 2 for i in range(len(traces))]
+    texts = loop_nest.traces_text(traces)
+    assert json.loads(texts[2]) == json.loads(loop_nest._records_text([odd.trace])[0])
+    # Without the reader, every trace goes through TVM's writer: the same features.
+    fast = extract_features(func, [s.trace for s in schs])
+    monkeypatch.setattr(loop_nest, "_FFI", None)
+    slow = extract_features(func, [s.trace for s in schs])
+    assert len(fast) == len(slow) == len(schs)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)

@@ -26,6 +26,7 @@ __all__ = [
     "fusion_proposals",
     "merge_fusion_groups",
     "partition_graph",
+    "tvm_trace_texts",
 ]
 
 __version__: str
@@ -103,6 +104,16 @@ class Program:
         self, trace_jsons: list[str], *, postprocess: bool = False
     ) -> list[npt.NDArray[np.float32] | None]: ...
     def code_sizes(self, trace_jsons: list[str], *, postprocess: bool = True) -> npt.NDArray[np.float32]: ...
+    def extract_features_tvm(
+        self,
+        traces: list[int],
+        *,
+        trace_type: int,
+        as_json: int,
+        c_api: tuple[int, int, int],
+        int_imm: tuple[int, int],
+        float_imm: tuple[int, int],
+    ) -> list[npt.NDArray[np.float32] | None]: ...
 
 SKETCH_FEATURE_NAMES: list[str]
 CODE_SIZE_NAMES: list[str]
@@ -114,3 +125,12 @@ def fusion_proposals(
 def merge_fusion_groups(
     graph_json: str, groups: list[list[int]], merges: list[list[int]]
 ) -> list[list[int]]: ...
+def tvm_trace_texts(
+    traces: list[int],
+    *,
+    trace_type: int,
+    as_json: int,
+    c_api: tuple[int, int, int],
+    int_imm: tuple[int, int],
+    float_imm: tuple[int, int],
+) -> list[str | None]: ...

@@ -145,15 +145,74 @@ def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
 
 
 def traces_text(traces: Sequence[Trace], min_split: int = 12) -> list[str]:
-    """Many traces as text the engine reads, written by TVM's C++ JSON writer: each is a line of
-    a MetaSchedule JSON database (``[0, [trace, null, null, null]]``), which the engine reads as
-    the trace it holds. Walking a trace's objects from Python (:func:`trace_text`) costs about
-    1.3 ms a conv trace; this, about 0.1 ms. Texts are not keys: two equal traces give equal
-    texts here, but not the text :func:`trace_text` gives.
+    """Many traces as JSON text the engine reads. Each trace's ``TraceAsJSON`` value is read
+    straight from tvm-ffi's objects by the extension (``_core.tvm_json_texts``: about 0.07 ms a
+    conv trace, TVM's call included); a trace holding a value that reader leaves to TVM (a map,
+    an index map), or every trace where tvm-ffi's layout is not the one it knows, is written by
+    TVM's C++ JSON writer instead (:func:`_records_text`, about 0.15 ms). Walking a trace's
+    objects from Python (:func:`trace_text`) costs about 1.3 ms. Texts are not keys: two equal
+    traces give equal texts here, but not the text :func:`trace_text` gives.
 
-    From ``min_split`` traces on, the list is cut into one part per CPU (two at most), each
-    written on a thread of its own: TVM's writer releases the GIL for part of its work, and on
-    24 conv traces two parts took 2.4 ms against 3.1 ms in one."""
+    ``min_split``: from that many traces on, TVM's writer takes one part per CPU (two at most),
+    each on a thread of its own."""
+    texts: list[str | None] = [None] * len(traces)
+    if _FFI is not None and traces:
+        texts = list(_core.tvm_trace_texts([t.__chandle__() for t in traces], **_FFI))
+    rest = [t for t, text in zip(traces, texts) if text is None]
+    written = iter(_written_by_tvm(rest, min_split))
+    return [text if text is not None else next(written) for text in texts]
+
+
+def features_of_traces(program: _core.Program, traces: Sequence[Trace]) -> list[Any] | None:
+    """Per-store features of each TVM trace on ``program``, each trace written by TVM's
+    ``TraceAsJSON`` and read on the extension's thread that replays it
+    (``Program.extract_features_tvm``): one array per trace, ``None`` for a trace to write
+    with :func:`traces_text` instead. ``None`` where tvm-ffi's layout is not the one the
+    extension reads. A trace that cannot be replayed fails the batch."""
+    if _FFI is None:
+        return None
+    return list(program.extract_features_tvm([t.__chandle__() for t in traces], **_FFI))
+
+
+def _ffi_layout() -> dict[str, Any] | None:
+    """What ``_core.tvm_trace_texts`` needs to call ``TraceAsJSON`` and read its value: tvm-ffi's
+    C functions by address, the ``Trace`` type index, and ``(type index, value offset)`` of
+    ``IntImm`` and ``FloatImm`` from tvm-ffi's reflection. ``None`` where the layout is not the
+    one it reads (an int value as a 16-byte ``TVMFFIAny``, a float as a double, arrays and
+    strings at tvm-ffi's fixed type indices) or the library cannot be found."""
+    try:
+        import ctypes
+
+        import tvm_ffi
+        from tvm_ffi.libinfo import find_libtvm_ffi
+
+        fixed = {"ffi.Array": 71, "ffi.String": 65}
+        if any(tvm_ffi.core._object_type_key_to_index(k) != i for k, i in fixed.items()):
+            return None
+        out: dict[str, Any] = {}
+        for name, cls, size in (("int_imm", IntImm, 16), ("float_imm", FloatImm, 8)):
+            info = cls.__tvm_ffi_type_info__
+            (value,) = [f for f in info.fields if f.name == "value"]
+            if value.size != size:
+                return None
+            out[name] = (int(info.type_index), int(value.offset))
+        lib = ctypes.CDLL(find_libtvm_ffi())
+        names = ("TVMFFIFunctionCall", "TVMFFIObjectDecRef", "TVMFFIErrorMoveFromRaised")
+        out["c_api"] = tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)
+        out["trace_type"] = int(Trace.__tvm_ffi_type_info__.type_index)
+        out["as_json"] = _trace_as_json.__chandle__()
+        return out
+    except (AttributeError, ValueError, TypeError, OSError, RuntimeError):
+        return None
+
+
+_FFI = _ffi_layout()
+
+
+def _written_by_tvm(traces: Sequence[Trace], min_split: int) -> list[str]:
+    """:func:`_records_text` of ``traces``, from ``min_split`` traces on cut into one part per
+    CPU (two at most), each written on a thread of its own: TVM's writer releases the GIL for
+    part of its work, and on 24 conv traces two parts took 2.4 ms against 3.1 ms in one."""
     parts = max(1, min(os.cpu_count() or 1, 2, len(traces) // max(1, min_split)))
     if parts == 1:
         return _records_text(traces) if traces else []

@@ -37,7 +37,8 @@ mod sketch;
 pub use error::{Error, Result};
 pub use features::code_size::{CodeSize, CODE_SIZE_NAMES};
 pub use features::{
-    code_sizes, extract_all, extract_from_json, extract_traces, lowered_text, N_FEATURES,
+    code_sizes, extract_all, extract_from_json, extract_made, extract_traces, lowered_text,
+    N_FEATURES,
 };
 pub use model::analytical::{estimate_cycles, score as analytical_scores};
 pub use model::sketch_features::{sketch_features, SKETCH_FEATURES, SKETCH_FEATURE_NAMES};

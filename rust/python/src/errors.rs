@@ -60,7 +60,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn to_py(err: Error) -> PyErr {
+pub fn to_py(err: Error) -> PyErr {
     let msg = err.to_string();
     match err {
         Error::Unsupported(_) => UnsupportedWorkload::new_err(msg),

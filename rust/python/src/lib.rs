@@ -5,13 +5,15 @@
 //! * [`program`] — `Program`, a task's program model parsed once, with its sketch space;
 //! * [`target`] — `Target`, the CPU facts the search uses;
 //! * [`forest`] — `Forest`, a learned cost model read once;
-//! * [`partition`] — a whole model's fusion groups.
+//! * [`partition`] — a whole model's fusion groups;
+//! * [`tvm_values`] — TVM's JSON-like values (traces) read straight from tvm-ffi's objects.
 
 mod errors;
 mod forest;
 mod partition;
 mod program;
 mod target;
+mod tvm_values;
 
 use pyo3::prelude::*;
 
@@ -29,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition::partition_graph, m)?)?;
     m.add_function(wrap_pyfunction!(partition::fusion_proposals, m)?)?;
     m.add_function(wrap_pyfunction!(partition::merge_fusion_groups, m)?)?;
+    m.add_function(wrap_pyfunction!(tvm_values::tvm_trace_texts, m)?)?;
     m.add(
         "SKETCH_FEATURE_NAMES",
         fastsearch_core::SKETCH_FEATURE_NAMES.to_vec(),

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
-    analytical_scores, anneal, apply_trace_to, code_sizes, emit, evolve, extract_all,
+    analytical_scores, anneal, apply_trace_to, code_sizes, emit, evolve, extract_all, extract_made,
     extract_traces, program_summary, sample_genomes, sample_traces, sketch_features, transfer,
     transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
     SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
@@ -14,9 +14,10 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
-use crate::errors::guarded;
+use crate::errors::{guarded, to_py, InternalError};
 use crate::forest::Forest;
 use crate::target::Target;
+use crate::tvm_values::TraceReader;
 
 /// The imported program and its sketch space, built on first use (replay and features do
 /// not need it).
@@ -321,6 +322,53 @@ impl Program {
             .map(|data| {
                 let rows = data.len() / n;
                 PyArray1::from_vec(py, data).reshape([rows, n])
+            })
+            .collect()
+    }
+
+    /// `extract_features` of TVM traces given by address (each a `Trace`'s `__chandle__()`):
+    /// each is written by TVM's `TraceAsJSON` and replayed on the thread that extracts it
+    /// ([`TraceReader`]; the keyword arguments as in `TraceReader::new`). `None` for a trace
+    /// the reader leaves to TVM's own writer; a trace that cannot be replayed fails the batch.
+    ///
+    /// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and
+    /// functions and keeps the traces alive during the call, which cannot be interrupted and
+    /// returns only once every trace is read (there is no early return on Ctrl-C).
+    #[pyo3(signature = (traces, *, trace_type, as_json, c_api, int_imm, float_imm))]
+    #[allow(clippy::too_many_arguments)]
+    fn extract_features_tvm<'py>(
+        &self,
+        py: Python<'py>,
+        traces: Vec<usize>,
+        trace_type: i32,
+        as_json: usize,
+        c_api: (usize, usize, usize),
+        int_imm: (i32, usize),
+        float_imm: (i32, usize),
+    ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
+        let reader = TraceReader::new(trace_type, as_json, c_api, int_imm, float_imm)?;
+        let program = &self.imported.program;
+        let rows = py
+            .detach(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    extract_made(program, &traces, |&t| {
+                        // SAFETY: the caller keeps every trace alive until this returns.
+                        match unsafe { reader.text(t) } {
+                            Some(text) => fastsearch_core::Trace::from_json(&text).map(Some),
+                            None => Ok(None),
+                        }
+                    })
+                }))
+            })
+            .map_err(|_| InternalError::new_err("Program.extract_features_tvm: panicked"))?
+            .map_err(to_py)?;
+        rows.into_iter()
+            .map(|r| {
+                r.map(|data| {
+                    let n = data.len() / N_FEATURES;
+                    PyArray1::from_vec(py, data).reshape([n, N_FEATURES])
+                })
+                .transpose()
             })
             .collect()
     }

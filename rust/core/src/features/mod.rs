@@ -155,14 +155,53 @@ fn read_replayed<T: Send>(
     postprocess: bool,
     read: impl Fn(&State) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
+    read_made(
+        program,
+        traces,
+        |t| Trace::from_json(t).map(Some),
+        postprocess,
+        read,
+    )
+    .into_iter()
+    .map(|r| r.and_then(|x| x.ok_or_else(|| Error::Internal("a text made no trace".into()))))
+    .collect()
+}
+
+/// [`read_replayed`] of traces `make` builds from `sources`, each on the thread that replays
+/// it; `None` where `make` has no trace for its source.
+fn read_made<S: Sync, T: Send>(
+    program: &Program,
+    sources: &[S],
+    make: impl Fn(&S) -> Result<Option<Trace>> + Sync,
+    postprocess: bool,
+    read: impl Fn(&State) -> Result<T> + Sync,
+) -> Vec<Result<Option<T>>> {
     let base = State::from_program(program);
-    traces
+    sources
         .par_iter()
-        .map(|t| {
+        .map(|s| {
+            let Some(trace) = make(s)? else {
+                return Ok(None);
+            };
             let mut st = base.clone()?;
-            trace::apply_trace(&mut st, &Trace::from_json(t)?, postprocess)?;
-            read(&st)
+            trace::apply_trace(&mut st, &trace, postprocess)?;
+            read(&st).map(Some)
         })
+        .collect()
+}
+
+/// The features of the traces `make` builds from `sources` (a trace's postprocessing replayed,
+/// as in [`extract_all`]), each made on the thread that replays it: `None` where `make` has no
+/// trace; the first that cannot be made or replayed fails the batch, its index in the error.
+pub fn extract_made<S: Sync>(
+    program: &Program,
+    sources: &[S],
+    make: impl Fn(&S) -> Result<Option<Trace>> + Sync,
+) -> Result<Vec<Option<Vec<f32>>>> {
+    read_made(program, sources, make, false, extract_state)
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.map_err(|e| naming_candidate(i, e)))
         .collect()
 }
 
@@ -207,22 +246,25 @@ pub fn extract_all(program: &Program, traces: &[String]) -> Result<Vec<Vec<f32>>
     extract_traces(program, traces, false)
         .into_iter()
         .enumerate()
-        .map(|(i, r)| {
-            r.map_err(|e| match e {
-                Error::Schedule {
-                    instruction,
-                    message,
-                } => Error::Schedule {
-                    instruction,
-                    message: format!("candidate {i}: {message}"),
-                },
-                Error::InvalidTrace(m) => Error::InvalidTrace(format!("candidate {i}: {m}")),
-                Error::Unsupported(m) => Error::Unsupported(format!("candidate {i}: {m}")),
-                Error::Malformed(m) => Error::Malformed(format!("candidate {i}: {m}")),
-                Error::Internal(m) => Error::Internal(format!("candidate {i}: {m}")),
-            })
-        })
+        .map(|(i, r)| r.map_err(|e| naming_candidate(i, e)))
         .collect()
+}
+
+/// `e`, its message prefixed with the candidate it came from.
+fn naming_candidate(i: usize, e: Error) -> Error {
+    match e {
+        Error::Schedule {
+            instruction,
+            message,
+        } => Error::Schedule {
+            instruction,
+            message: format!("candidate {i}: {message}"),
+        },
+        Error::InvalidTrace(m) => Error::InvalidTrace(format!("candidate {i}: {m}")),
+        Error::Unsupported(m) => Error::Unsupported(format!("candidate {i}: {m}")),
+        Error::Malformed(m) => Error::Malformed(format!("candidate {i}: {m}")),
+        Error::Internal(m) => Error::Internal(format!("candidate {i}: {m}")),
+    }
 }
 
 #[cfg(test)]

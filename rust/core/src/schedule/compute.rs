@@ -285,7 +285,8 @@ pub fn compute_at(
     st.blocks[b].bindings = bindings;
     st.blocks[b].predicate = Expr::Bool(true);
     st.insert(parent, insert_at, Child::Block(b));
-    st.simplify_bindings(Some(target));
+    // Only `b` moved: the bindings of the other blocks under `target` are as they were.
+    st.simplify_block_bindings(b);
     Ok(())
 }
 

@@ -119,7 +119,8 @@ pub fn split(
             };
         }
     }
-    st.simplify_bindings(Some(ids[0]));
+    let new_vars: Vec<String> = ids.iter().map(|&id| st.loops[id].var.clone()).collect();
+    st.simplify_bindings_using(Some(ids[0]), &new_vars);
     Ok(ids)
 }
 
@@ -199,7 +200,8 @@ pub fn fuse(st: &mut State, loops: &[LoopId], _preserve_unit_iters: bool) -> Res
     st.substitute_under(Some(f), &|v: &str| {
         subst.iter().find(|(n, _)| n == v).map(|(_, e)| e.clone())
     });
-    st.simplify_bindings(Some(f));
+    let fused = [st.loops[f].var.clone()];
+    st.simplify_bindings_using(Some(f), &fused);
     Ok(f)
 }
 

@@ -40,87 +40,106 @@ fn bad(msg: impl Into<String>) -> Error {
     Error::InvalidTrace(msg.into())
 }
 
+/// Instruction `n` of a trace, `[kind, inputs, attrs, outputs]`.
+fn instruction(n: usize, inst: Value) -> Result<Instruction> {
+    let Value::Array(parts) = inst else {
+        return Err(bad(format!("instruction {n} is not an array")));
+    };
+    let Ok([kind, inputs, attrs, outputs]) = <[Value; 4]>::try_from(parts) else {
+        return Err(bad(format!(
+            "instruction {n} must be [kind, inputs, attrs, outputs]"
+        )));
+    };
+    let Value::String(kind) = kind else {
+        return Err(bad(format!("instruction {n}: kind is not a string")));
+    };
+    let list = |v: Value, what: &str| -> Result<Vec<Value>> {
+        match v {
+            Value::Array(items) => Ok(items),
+            _ => Err(bad(format!(
+                "instruction {n} ({kind}): {what} is not an array"
+            ))),
+        }
+    };
+    let outputs = list(outputs, "outputs")?
+        .into_iter()
+        .map(|o| match o {
+            Value::String(name) => Ok(name),
+            _ => Err(bad(format!(
+                "instruction {n} ({kind}): output is not a name"
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    Ok(Instruction {
+        inputs: list(inputs, "inputs")?,
+        attrs: list(attrs, "attrs")?,
+        outputs,
+        kind,
+    })
+}
+
 impl Trace {
     /// Reads a trace's JSON text (`[instructions, decisions]`, or a MetaSchedule database line
     /// holding one).
     pub fn from_json(text: &str) -> Result<Trace> {
         let v: Value = serde_json::from_str(text).map_err(|e| bad(format!("trace JSON: {e}")))?;
-        Trace::from_value(&v)
+        Trace::from_owned(v)
     }
 
     /// Reads a trace from its parsed JSON.
     pub fn from_value(v: &Value) -> Result<Trace> {
-        let top = v
-            .as_array()
-            .ok_or_else(|| bad("a trace must be [instructions, decisions]"))?;
+        Trace::from_owned(v.clone())
+    }
+
+    /// Reads a trace from its parsed JSON, taking its values instead of copying them.
+    fn from_owned(v: Value) -> Result<Trace> {
+        let Value::Array(mut top) = v else {
+            return Err(bad("a trace must be [instructions, decisions]"));
+        };
         // A line of a MetaSchedule JSON database, `[workload index, [trace, run_secs, target,
         // args_info]]`, stands for its trace: TVM's C++ writer makes these far faster than a
         // trace can be walked from Python.
-        if let [Value::Number(_), Value::Array(record)] = top.as_slice() {
-            return match record.first() {
-                Some(trace) => Trace::from_value(trace),
+        if let [Value::Number(_), Value::Array(record)] = top.as_mut_slice() {
+            return match record.first_mut() {
+                Some(trace) => Trace::from_owned(trace.take()),
                 None => Err(bad("a database record without a trace")),
             };
         }
-        let (insts, decisions) = match top.as_slice() {
-            [i, d] => (i, d),
-            [i] => (i, &Value::Null),
+        let (insts, decisions) = match top.len() {
+            2 => {
+                let d = top.pop().unwrap_or(Value::Null);
+                (top.pop().unwrap_or(Value::Null), d)
+            }
+            1 => (top.pop().unwrap_or(Value::Null), Value::Null),
             _ => return Err(bad("a trace must be [instructions, decisions]")),
         };
-        let insts = insts
-            .as_array()
-            .ok_or_else(|| bad("instructions must be an array"))?;
+        let Value::Array(insts) = insts else {
+            return Err(bad("instructions must be an array"));
+        };
         let mut out = Trace::default();
-        for (n, inst) in insts.iter().enumerate() {
-            let parts = inst
-                .as_array()
-                .ok_or_else(|| bad(format!("instruction {n} is not an array")))?;
-            let [kind, inputs, attrs, outputs] = parts.as_slice() else {
-                return Err(bad(format!(
-                    "instruction {n} must be [kind, inputs, attrs, outputs]"
-                )));
-            };
-            let kind = kind
-                .as_str()
-                .ok_or_else(|| bad(format!("instruction {n}: kind is not a string")))?;
-            let list = |v: &Value, what: &str| -> Result<Vec<Value>> {
-                v.as_array()
-                    .cloned()
-                    .ok_or_else(|| bad(format!("instruction {n} ({kind}): {what} is not an array")))
-            };
-            let outputs = list(outputs, "outputs")?
-                .iter()
-                .map(|o| {
-                    o.as_str().map(str::to_string).ok_or_else(|| {
-                        bad(format!("instruction {n} ({kind}): output is not a name"))
-                    })
-                })
-                .collect::<Result<_>>()?;
-            out.insts.push(Instruction {
-                kind: kind.to_string(),
-                inputs: list(inputs, "inputs")?,
-                attrs: list(attrs, "attrs")?,
-                outputs,
-            });
+        for (n, inst) in insts.into_iter().enumerate() {
+            out.insts.push(instruction(n, inst)?);
         }
         match decisions {
             Value::Null => {}
             Value::Array(ds) => {
                 for d in ds {
-                    match d.as_array().map(Vec::as_slice) {
-                        Some([i, dec]) => {
-                            let i = i.as_u64().ok_or_else(|| {
-                                bad("decision index is not a non-negative integer")
-                            })? as usize;
-                            if i >= out.insts.len() {
-                                return Err(bad(format!(
-                                    "decision for instruction {i}, which does not exist"
-                                )));
-                            }
-                            out.decisions.push((i, dec.clone()));
-                        }
-                        _ => return Err(bad("a decision must be [index, value]")),
+                    let Value::Array(pair) = d else {
+                        return Err(bad("a decision must be [index, value]"));
+                    };
+                    let Ok([i, dec]) = <[Value; 2]>::try_from(pair) else {
+                        return Err(bad("a decision must be [index, value]"));
+                    };
+                    let i = i
+                        .as_u64()
+                        .ok_or_else(|| bad("decision index is not a non-negative integer"))?
+                        as usize;
+                    if i >= out.insts.len() {
+                        return Err(bad(format!(
+                            "decision for instruction {i}, which does not exist"
+                        )));
                     }
+                    out.decisions.push((i, dec));
                 }
             }
             _ => return Err(bad("decisions must be an array")),
