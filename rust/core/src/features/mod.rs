@@ -22,8 +22,8 @@ pub mod intensity;
 pub mod lower;
 
 use std::collections::HashMap;
-
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::program::{dtype_bits, Program};
@@ -177,16 +177,40 @@ fn read_made<S: Sync, T: Send>(
     read: impl Fn(&State) -> Result<T> + Sync,
 ) -> Vec<Result<Option<T>>> {
     let base = State::from_program(program);
-    sources
-        .par_iter()
-        .map(|s| {
-            let Some(trace) = make(s)? else {
-                return Ok(None);
-            };
-            let mut st = base.clone()?;
-            trace::apply_trace(&mut st, &trace, postprocess)?;
-            read(&st).map(Some)
-        })
+    map_with_caller(sources, |s| {
+        let Some(trace) = make(s)? else {
+            return Ok(None);
+        };
+        let mut st = base.clone()?;
+        trace::apply_trace(&mut st, &trace, postprocess)?;
+        read(&st).map(Some)
+    })
+    .into_iter()
+    .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a candidate was not replayed".into()))))
+    .collect()
+}
+
+/// `f` of each item, in order (every one `Some` once the call returns), computed by the calling
+/// thread and rayon's workers together: the caller starts at once and the workers join as they
+/// wake. On a 2-vCPU virtual machine, a batch of 24 conv candidates took 3.7 ms this way right
+/// after other work, and 6.4 ms when the caller waited for the idle pool to wake and do it all.
+fn map_with_caller<S: Sync, T: Send>(items: &[S], f: impl Fn(&S) -> T + Sync) -> Vec<Option<T>> {
+    let next = AtomicUsize::new(0);
+    let done: Vec<Mutex<Option<T>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let drain = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = items.get(i) else { break };
+        let value = f(item);
+        *done[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    };
+    rayon::in_place_scope(|scope| {
+        for _ in 1..rayon::current_num_threads().min(items.len()) {
+            scope.spawn(|_| drain());
+        }
+        drain();
+    });
+    done.into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
         .collect()
 }
 
@@ -271,6 +295,22 @@ fn naming_candidate(i: usize, e: Error) -> Error {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn caller_and_workers_map_every_item_in_order() {
+        let items: Vec<u64> = (0..101).collect();
+        for threads in [1, 2, 5] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            // On a pool of each size: every item once, in order.
+            let outside = pool.install(|| map_with_caller(&items, |x| x * x));
+            let expected: Vec<Option<u64>> = items.iter().map(|x| Some(x * x)).collect();
+            assert_eq!(outside, expected, "{threads} threads");
+            assert!(map_with_caller(&[] as &[u64], |x| *x).is_empty());
+        }
+    }
 
     fn fixture() -> Vec<(Program, Vec<String>)> {
         let path = format!(
