@@ -145,9 +145,9 @@ def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
 
 
 def traces_text(traces: Sequence[Trace], min_split: int = 12) -> list[str]:
-    """Many traces as JSON text the engine reads. Each trace's ``TraceAsJSON`` value is read
-    straight from tvm-ffi's objects by the extension (``_core.tvm_json_texts``: about 0.07 ms a
-    conv trace, TVM's call included); a trace holding a value that reader leaves to TVM (a map,
+    """Many traces as JSON text the engine reads. The extension calls TVM's ``TraceAsJSON`` on
+    each through tvm-ffi's C ABI, on its own threads, and reads the value straight from
+    tvm-ffi's objects (``_core.tvm_trace_texts``: 24 conv traces in about 1.5 ms); a trace holding a value that reader leaves to TVM (a map,
     an index map), or every trace where tvm-ffi's layout is not the one it knows, is written by
     TVM's C++ JSON writer instead (:func:`_records_text`, about 0.15 ms). Walking a trace's
     objects from Python (:func:`trace_text`) costs about 1.3 ms. Texts are not keys: two equal
