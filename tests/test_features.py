@@ -207,7 +207,7 @@ def test_traces_read_from_tvm_objects_equal_tvm_writer(family: str) -> None:
     # The extension reads TraceAsJSON's objects itself; TVM's database writer is the reference.
     func = te_workload.create_te_workload(family, 0)
     traces = [s.trace for s in space_candidates(func, 12)]
-    assert loop_nest._FFI is not None, "tvm-ffi's layout is not the one the extension reads"
+    assert loop_nest._READER is not None, "tvm-ffi's layout is not the one the extension reads"
     ours = loop_nest.traces_text(traces)
     theirs = loop_nest._records_text(traces)
     assert [json.loads(t) for t in ours] == [json.loads(t)[1][0] for t in theirs]
@@ -228,7 +228,7 @@ def test_a_trace_the_reader_leaves_to_tvm_is_written_by_tvm(monkeypatch) -> None
     assert json.loads(texts[2]) == json.loads(loop_nest._records_text([odd.trace])[0])
     # Without the reader, every trace goes through TVM's writer: the same features.
     fast = extract_features(func, [s.trace for s in schs])
-    monkeypatch.setattr(loop_nest, "_FFI", None)
+    monkeypatch.setattr(loop_nest, "_READER", None)
     slow = extract_features(func, [s.trace for s in schs])
     assert len(fast) == len(slow) == len(schs)
     for a, b in zip(fast, slow):

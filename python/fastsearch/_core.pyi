@@ -21,6 +21,7 @@ __all__ = [
     "Program",
     "ScheduleError",
     "Target",
+    "TraceReader",
     "UnsupportedWorkload",
     "__version__",
     "fusion_proposals",
@@ -67,6 +68,20 @@ class Forest:
     def predict(self, rows: npt.NDArray[np.float32]) -> list[float]: ...
 
 @final
+class TraceReader:
+    """Reads TVM traces through tvm-ffi's C ABI (``fastsearch.ir.loop_nest``); internal."""
+
+    def __new__(
+        cls,
+        *,
+        trace_type: int,
+        as_json: int,
+        c_api: tuple[int, int, int],
+        int_imm: tuple[int, int],
+        float_imm: tuple[int, int],
+    ) -> TraceReader: ...
+
+@final
 class Program:
     """A task's program model (``fastsearch.ir.tir_import.program_json``), parsed once."""
 
@@ -105,14 +120,7 @@ class Program:
     ) -> list[npt.NDArray[np.float32] | None]: ...
     def code_sizes(self, trace_jsons: list[str], *, postprocess: bool = True) -> npt.NDArray[np.float32]: ...
     def extract_features_tvm(
-        self,
-        traces: list[int],
-        *,
-        trace_type: int,
-        as_json: int,
-        c_api: tuple[int, int, int],
-        int_imm: tuple[int, int],
-        float_imm: tuple[int, int],
+        self, reader: TraceReader, traces: list[int]
     ) -> list[npt.NDArray[np.float32] | None]: ...
 
 SKETCH_FEATURE_NAMES: list[str]
@@ -125,12 +133,4 @@ def fusion_proposals(
 def merge_fusion_groups(
     graph_json: str, groups: list[list[int]], merges: list[list[int]]
 ) -> list[list[int]]: ...
-def tvm_trace_texts(
-    traces: list[int],
-    *,
-    trace_type: int,
-    as_json: int,
-    c_api: tuple[int, int, int],
-    int_imm: tuple[int, int],
-    float_imm: tuple[int, int],
-) -> list[str | None]: ...
+def tvm_trace_texts(reader: TraceReader, traces: list[int]) -> list[str | None]: ...

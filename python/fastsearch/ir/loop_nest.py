@@ -156,8 +156,8 @@ def traces_text(traces: Sequence[Trace], min_split: int = 12) -> list[str]:
     ``min_split``: from that many traces on, TVM's writer takes one part per CPU (two at most),
     each on a thread of its own."""
     texts: list[str | None] = [None] * len(traces)
-    if _FFI is not None and traces:
-        texts = list(_core.tvm_trace_texts([t.__chandle__() for t in traces], **_FFI))
+    if _READER is not None and traces:
+        texts = list(_core.tvm_trace_texts(_READER, [t.__chandle__() for t in traces]))
     rest = [t for t, text in zip(traces, texts) if text is None]
     written = iter(_written_by_tvm(rest, min_split))
     return [text if text is not None else next(written) for text in texts]
@@ -169,13 +169,14 @@ def features_of_traces(program: _core.Program, traces: Sequence[Trace]) -> list[
     (``Program.extract_features_tvm``): one array per trace, ``None`` for a trace to write
     with :func:`traces_text` instead. ``None`` where tvm-ffi's layout is not the one the
     extension reads. A trace that cannot be replayed fails the batch."""
-    if _FFI is None:
+    if _READER is None:
         return None
-    return list(program.extract_features_tvm([t.__chandle__() for t in traces], **_FFI))
+    return list(program.extract_features_tvm(_READER, [t.__chandle__() for t in traces]))
 
 
-def _ffi_layout() -> dict[str, Any] | None:
-    """What ``_core.tvm_trace_texts`` needs to call ``TraceAsJSON`` and read its value: tvm-ffi's
+def _trace_reader() -> _core.TraceReader | None:
+    """The extension's reader of TVM traces, given what it needs to call ``TraceAsJSON`` and
+    read its value: tvm-ffi's
     C functions by address, the ``Trace`` type index, and ``(type index, value offset)`` of
     ``IntImm`` and ``FloatImm`` from tvm-ffi's reflection. ``None`` where the layout is not the
     one it reads (an int value as a 16-byte ``TVMFFIAny``, a float as a double, arrays and
@@ -201,12 +202,12 @@ def _ffi_layout() -> dict[str, Any] | None:
         out["c_api"] = tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)
         out["trace_type"] = int(Trace.__tvm_ffi_type_info__.type_index)
         out["as_json"] = _trace_as_json.__chandle__()
-        return out
-    except (AttributeError, ValueError, TypeError, OSError, RuntimeError):
+        return _core.TraceReader(**out)
+    except (AttributeError, ValueError, TypeError, OSError, RuntimeError, _core.FastsearchError):
         return None
 
 
-_FFI = _ffi_layout()
+_READER = _trace_reader()
 
 
 def _written_by_tvm(traces: Sequence[Trace], min_split: int) -> list[str]:

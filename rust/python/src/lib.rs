@@ -28,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<program::Program>()?;
     m.add_class::<target::Target>()?;
     m.add_class::<forest::Forest>()?;
+    m.add_class::<tvm_values::TraceReader>()?;
     m.add_function(wrap_pyfunction!(partition::partition_graph, m)?)?;
     m.add_function(wrap_pyfunction!(partition::fusion_proposals, m)?)?;
     m.add_function(wrap_pyfunction!(partition::merge_fusion_groups, m)?)?;

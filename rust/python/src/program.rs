@@ -328,25 +328,19 @@ impl Program {
 
     /// `extract_features` of TVM traces given by address (each a `Trace`'s `__chandle__()`):
     /// each is written by TVM's `TraceAsJSON` and replayed on the thread that extracts it
-    /// ([`TraceReader`]; the keyword arguments as in `TraceReader::new`). `None` for a trace
+    /// ([`TraceReader`]). `None` for a trace
     /// the reader leaves to TVM's own writer; a trace that cannot be replayed fails the batch.
     ///
     /// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and
     /// functions and keeps the traces alive during the call, which cannot be interrupted and
     /// returns only once every trace is read (there is no early return on Ctrl-C).
-    #[pyo3(signature = (traces, *, trace_type, as_json, c_api, int_imm, float_imm))]
-    #[allow(clippy::too_many_arguments)]
     fn extract_features_tvm<'py>(
         &self,
         py: Python<'py>,
+        reader: &TraceReader,
         traces: Vec<usize>,
-        trace_type: i32,
-        as_json: usize,
-        c_api: (usize, usize, usize),
-        int_imm: (i32, usize),
-        float_imm: (i32, usize),
     ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
-        let reader = TraceReader::new(trace_type, as_json, c_api, int_imm, float_imm)?;
+        let reader = *reader;
         let program = &self.imported.program;
         let rows = py
             .detach(|| {

@@ -193,7 +193,9 @@ type DecRefFn = unsafe extern "C" fn(*mut c_void) -> i32;
 type MoveErrorFn = unsafe extern "C" fn(*mut *mut c_void);
 
 /// Writes TVM traces as JSON text: TVM's `TraceAsJSON` called through tvm-ffi's C ABI, on any
-/// thread, and its value read straight from tvm-ffi's objects.
+/// thread, and its value read straight from tvm-ffi's objects. Built once in Python
+/// (`fastsearch.ir.loop_nest`) and handed to every call that reads traces.
+#[pyclass(frozen, module = "fastsearch._core", name = "TraceReader")]
 #[derive(Clone, Copy)]
 pub struct TraceReader {
     call: CallFn,
@@ -204,6 +206,7 @@ pub struct TraceReader {
     scalars: Scalars,
 }
 
+#[pymethods]
 impl TraceReader {
     /// A reader from what Python found: `trace_type`, the type index of `s_tir.Trace`;
     /// `as_json`, the address of the `TraceAsJSON` function object; `c_api`, the addresses of
@@ -212,6 +215,8 @@ impl TraceReader {
     /// `ir.FloatImm`, from tvm-ffi's reflection.
     ///
     /// Internal to fastsearch: the addresses must be those of live tvm-ffi functions.
+    #[new]
+    #[pyo3(signature = (*, trace_type, as_json, c_api, int_imm, float_imm))]
     pub fn new(
         trace_type: i32,
         as_json: usize,
@@ -255,7 +260,9 @@ impl TraceReader {
             scalars: Scalars { int_imm, float_imm },
         })
     }
+}
 
+impl TraceReader {
     /// The JSON text of the trace at `trace` (a `Trace`'s `__chandle__()`), or `None` where TVM
     /// fails on it or its value holds a kind a trace rarely holds (a map, an index map).
     ///
@@ -308,23 +315,15 @@ impl TraceReader {
 }
 
 /// The JSON text of each TVM trace at `traces` (each a `Trace`'s `__chandle__()`), in order, on
-/// rayon's threads ([`TraceReader`]; the other arguments as in [`TraceReader::new`]): `None`
-/// for a trace the caller writes with TVM's own writer instead.
+/// rayon's threads ([`TraceReader`]): `None` for a trace the caller writes with TVM's own
+/// writer instead.
 ///
-/// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and
-/// functions, and keeps the traces alive during the call, which holds the GIL and returns only
-/// once every trace is read.
+/// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and keeps
+/// the traces alive during the call, which holds the GIL and returns only once every trace is
+/// read.
 #[pyfunction]
-#[pyo3(signature = (traces, *, trace_type, as_json, c_api, int_imm, float_imm))]
-pub fn tvm_trace_texts(
-    traces: Vec<usize>,
-    trace_type: i32,
-    as_json: usize,
-    c_api: (usize, usize, usize),
-    int_imm: (i32, usize),
-    float_imm: (i32, usize),
-) -> PyResult<Vec<Option<String>>> {
-    let reader = TraceReader::new(trace_type, as_json, c_api, int_imm, float_imm)?;
+pub fn tvm_trace_texts(reader: &TraceReader, traces: Vec<usize>) -> PyResult<Vec<Option<String>>> {
+    let reader = *reader;
     // SAFETY: the caller keeps every trace alive until this returns.
     catch_unwind(AssertUnwindSafe(|| {
         traces
