@@ -147,9 +147,10 @@ def trace_text(trace: Trace, remove_postproc: bool = False) -> str:
 def traces_text(traces: Sequence[Trace], min_split: int = 12) -> list[str]:
     """Many traces as JSON text the engine reads. The extension calls TVM's ``TraceAsJSON`` on
     each through tvm-ffi's C ABI, on its own threads, and reads the value straight from
-    tvm-ffi's objects (``_core.tvm_trace_texts``: 24 conv traces in about 1.5 ms); a trace holding a value that reader leaves to TVM (a map,
-    an index map), or every trace where tvm-ffi's layout is not the one it knows, is written by
-    TVM's C++ JSON writer instead (:func:`_records_text`, about 0.15 ms). Walking a trace's
+    tvm-ffi's objects (``_core.tvm_trace_texts``: 24 conv traces in about 1.5 ms); a trace
+    holding a value that reader leaves to TVM (a map, an index map), or every trace where
+    tvm-ffi's layout is not the one it knows, is written by TVM's C++ JSON writer instead
+    (:func:`_records_text`, about 0.15 ms a trace). Walking a trace's
     objects from Python (:func:`trace_text`) costs about 1.3 ms. Texts are not keys: two equal
     traces give equal texts here, but not the text :func:`trace_text` gives.
 
@@ -176,9 +177,8 @@ def features_of_traces(program: _core.Program, traces: Sequence[Trace]) -> list[
 
 def _trace_reader() -> _core.TraceReader | None:
     """The extension's reader of TVM traces, given what it needs to call ``TraceAsJSON`` and
-    read its value: tvm-ffi's
-    C functions by address, the ``Trace`` type index, and ``(type index, value offset)`` of
-    ``IntImm`` and ``FloatImm`` from tvm-ffi's reflection. ``None`` where the layout is not the
+    read its value: tvm-ffi's C functions by address, the ``Trace`` type index, and
+    ``(type index, value offset)`` of ``IntImm`` and ``FloatImm`` from tvm-ffi's reflection. ``None`` where the layout is not the
     one it reads (an int value as a 16-byte ``TVMFFIAny``, a float as a double, arrays and
     strings at tvm-ffi's fixed type indices) or the library cannot be found."""
     try:

@@ -316,20 +316,15 @@ impl Program {
         let each = guarded(py, "Program.extract_features", move || {
             extract_all(&imported.program, &trace_jsons)
         })?;
-        let n = N_FEATURES;
-        // Each Vec moves into its array: no copy.
         each.into_iter()
-            .map(|data| {
-                let rows = data.len() / n;
-                PyArray1::from_vec(py, data).reshape([rows, n])
-            })
+            .map(|data| feature_array(py, data))
             .collect()
     }
 
     /// `extract_features` of TVM traces given by address (each a `Trace`'s `__chandle__()`):
     /// each is written by TVM's `TraceAsJSON` and replayed on the thread that extracts it
-    /// ([`TraceReader`]). `None` for a trace
-    /// the reader leaves to TVM's own writer; a trace that cannot be replayed fails the batch.
+    /// ([`TraceReader`]). `None` for a trace the reader leaves to TVM's own writer; a trace
+    /// that cannot be replayed fails the batch.
     ///
     /// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and
     /// functions and keeps the traces alive during the call, which cannot be interrupted and
@@ -357,13 +352,7 @@ impl Program {
             .map_err(|_| InternalError::new_err("Program.extract_features_tvm: panicked"))?
             .map_err(to_py)?;
         rows.into_iter()
-            .map(|r| {
-                r.map(|data| {
-                    let n = data.len() / N_FEATURES;
-                    PyArray1::from_vec(py, data).reshape([n, N_FEATURES])
-                })
-                .transpose()
-            })
+            .map(|r| r.map(|data| feature_array(py, data)).transpose())
             .collect()
     }
 
@@ -406,15 +395,15 @@ impl Program {
                 .map(Result::ok)
                 .collect::<Vec<_>>())
         })?;
-        let n = N_FEATURES;
         rows.into_iter()
-            .map(|r| {
-                r.map(|data| {
-                    let rows = data.len() / n;
-                    PyArray1::from_vec(py, data).reshape([rows, n])
-                })
-                .transpose()
-            })
+            .map(|r| r.map(|data| feature_array(py, data)).transpose())
             .collect()
     }
+}
+
+/// One candidate's features (row-major, [`N_FEATURES`] a row) as a `(n_stores, 164)` array;
+/// the Vec moves into the array, no copy.
+fn feature_array(py: Python<'_>, data: Vec<f32>) -> PyResult<Bound<'_, PyArray2<f32>>> {
+    let rows = data.len() / N_FEATURES;
+    PyArray1::from_vec(py, data).reshape([rows, N_FEATURES])
 }

@@ -3,10 +3,10 @@
 //! `tvm/ffi/c_api.h`, and writes them as JSON text the engine reads.
 //!
 //! TVM's own writers cost about 0.1 ms a conv trace (a MetaSchedule database line) or 0.55 ms
-//! (its JSON graph writer), most of a public `extract_features` call; this walk costs
-//! microseconds. The addresses come from live Python objects that the caller keeps alive for
-//! the whole call, which runs under the GIL, on the caller's thread, and cannot be interrupted
-//! midway, so no object is freed while it is read.
+//! (its JSON graph writer), most of a public `extract_features` call; `TraceAsJSON` and this
+//! walk together about 0.07 ms, on any thread. The addresses come from live Python objects
+//! that the caller keeps alive for the whole call, which returns only once every trace is read
+//! (it cannot be interrupted midway), so no object is freed while it is read.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
