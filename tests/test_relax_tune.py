@@ -205,8 +205,10 @@ def test_model_tasks_and_trials(tuned) -> None:
     assert all(t.best_latency_us for t in result.tasks.values())
     total = sum(t.weight * t.best_latency_us for t in result.tasks.values())
     assert result.best_latency_us == pytest.approx(total)
-    # The final round can only lower a task's best below what its trials found.
+    # The final round and the model round can only lower a task's best below what its trials found.
     switched = [t.name for t in result.tasks.values() if t.final is not None and t.final.chosen is not None]
+    if result.model_round is not None:
+        switched += [c.task for c in result.model_round.chosen]
     assert (
         result.history[-1].best_us == pytest.approx(total)
         if not switched
@@ -313,6 +315,8 @@ def test_cli_tunes_a_built_in_model(tmp_path) -> None:
     # The whole model, before and after tuning, timed in fresh processes; outputs agree.
     assert any(line.startswith("end to end   untuned ") and "x faster" in line for line in lines)
     assert any(line.startswith("outputs      tuned matches untuned") for line in lines)
+    # The task with two records (the hidden layers) was tried inside the model's sequence.
+    assert any(line.startswith("model round  ") and "tasks timed in the model" in line for line in lines)
 
 
 def test_missing_onnx_is_a_clear_error(monkeypatch, tmp_path) -> None:

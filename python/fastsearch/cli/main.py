@@ -196,6 +196,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         enable_cpu_cache_flush=args.cache_flush,
         cold_weights={"auto": None, "on": True, "off": False}[args.cold_weights],
         build_workers=args.build_workers,
+        model_candidates=args.model_candidates,
         **({} if args.run_timeout is None else {"run_timeout_s": args.run_timeout}),
     )
     runner = None
@@ -343,6 +344,8 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     elif finals:
         changed = sum(1 for _, f in finals if f.chosen is not None)
         lines.append(f"final round  {len(finals)} tasks, a runner-up became the best in {changed}")
+    if getattr(result, "model_round", None) is not None:
+        lines.append(f"model round  {result.model_round.summary()}")
     lines.append(f"database     {result.database.path}")
     return "\n".join(lines)
 
@@ -365,6 +368,33 @@ def _write_zoo_model(name: str, work_dir: str | None) -> str:
     data = onnx_zoo.build(name).SerializeToString()  # raises before writing when onnx is missing
     path.write_bytes(data)
     return str(path)
+
+
+def _measure_arguments(p: argparse.ArgumentParser) -> None:
+    """How candidates are timed, and what is tried in the model's sequence."""
+    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
+    p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
+    p.add_argument("--min-repeat-ms", type=int, default=40)
+    p.add_argument(
+        "--cache-flush",
+        action="store_true",
+        help="flush every argument but the first from the CPU caches before each repeat "
+        "(with --min-repeat-ms 0, each repeat is one call)",
+    )
+    p.add_argument(
+        "--cold-weights",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="time tasks whose weights outgrow twice a core's L2 with them flushed from the caches, "
+        "as a model streams them (auto: when tuning a model)",
+    )
+    p.add_argument(
+        "--model-candidates",
+        type=int,
+        default=MeasureConfig.model_candidates,
+        help="after tuning a model, each task's best this many records are tried inside the model's "
+        "call sequence and the fastest there is kept (0: off)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -397,22 +427,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["gradient", "round-robin"],
         help="which task of a model gets the next batch (default: Ansor's gradient rule)",
     )
-    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
-    p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
-    p.add_argument("--min-repeat-ms", type=int, default=40)
-    p.add_argument(
-        "--cache-flush",
-        action="store_true",
-        help="flush every argument but the first from the CPU caches before each repeat "
-        "(with --min-repeat-ms 0, each repeat is one call)",
-    )
-    p.add_argument(
-        "--cold-weights",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="time tasks whose weights outgrow twice a core's L2 with them flushed from the caches, "
-        "as a model streams them (auto: when tuning a model)",
-    )
+    _measure_arguments(p)
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: cores)")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds before a run is killed")
     p.add_argument("--rpc-tracker", default=None, help="HOST:PORT of a TVM RPC tracker: run remotely")

@@ -123,6 +123,11 @@ class MeasureConfig:
     output) tuned cold ran slower in the model, so they stay warm. ``None`` (the default) does
     this when tuning a whole model only; ``True`` for every task; ``False`` never.
     ``enable_cpu_cache_flush`` (every task, every size) takes precedence.
+
+    ``model_candidates``: after the final rounds of a whole model (a Relax module, timed on this
+    machine), each task's best that many records are tried inside the model's call sequence, in
+    ``model_rounds`` interleaved rounds in a fresh process, and a runner-up that is faster there
+    becomes the best (:mod:`fastsearch.tuning.model_round`). ``0`` or ``1`` turns this off.
     """
 
     number: int = 1
@@ -139,6 +144,8 @@ class MeasureConfig:
     final_rounds: int = 5
     cold_weights: bool | None = None
     cold_repeat: int = 10
+    model_candidates: int = 6
+    model_rounds: int = 20
 
     def evaluator_config(self, cold: bool = False) -> EvaluatorConfig:
         """The MetaSchedule :class:`EvaluatorConfig` of this configuration; ``cold``: one call

@@ -70,7 +70,8 @@ def tune_searching_fusion(
     t_start = time.perf_counter()
 
     def tune(target_mod: IRModule, **changes: Any) -> TuneResult:
-        return run(target_mod, replace(plan, **changes))
+        # the model round runs once, on the final grouping
+        return run(target_mod, replace(plan, **{"model_round": False, **changes}))
 
     graph = extract_graph(prepare(mod))
     graph_json = graph.to_json()
@@ -115,7 +116,9 @@ def tune_searching_fusion(
         if progress:
             _print_changes(report)
     report.groups = final_groups
-    final = tune(mod, trials=0, groups=final_groups, progress=False)
+    final = tune(
+        mod, trials=0, groups=final_groups, progress=False, model_round=plan.model_round is not False
+    )
     _merge_runs(final, histories, t_start)
     final.fusion = report
     return final

@@ -16,6 +16,7 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from tvm_ffi import structural_hash
 from fastsearch import _core
 from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
+from fastsearch.graph.model_timing import model_inputs
 from fastsearch.graph.relax_tasks import ModelTask, extract_tasks, is_relax_module
 from fastsearch.ir.target import device_type
 from fastsearch.ir.tir_import import program_json
@@ -52,6 +54,7 @@ from fastsearch.measure.measurer import (
 from fastsearch.search.guided import ModelGuidedSampler, SearchState, SiblingRecords
 from fastsearch.search.sample import Postprocessor, fresh_copy, sample_candidates
 from fastsearch.search.warm_start import WarmStart
+from fastsearch.tuning.model_round import ModelRound, model_round
 from fastsearch.tuning.options import STRATEGIES, Sampler, TuningPlan, Verification
 from fastsearch.tuning.progress import ProgressBar
 from fastsearch.tuning.result import FinalRound, TaskResult, TrialRecord, TuneResult
@@ -281,6 +284,7 @@ def run(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan) -> TuneResult:
     budget = _budget(plan, setup)
     history: list[TrialRecord] = []
     n_failed = _loop(plan, setup, budget, make_sampler, timing, history, t_start)
+    found = _model_round(plan, setup, timing) if setup.is_relax else None
     t0 = time.perf_counter()
     for task in setup.tasks:
         best = setup.db.best(task.workload)
@@ -291,7 +295,46 @@ def run(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan) -> TuneResult:
             task.result.trials = task.result.trials_stored + task.result.trials_measured
     timing["database"] += time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_start
-    return _result(plan, setup, timing, history, n_failed)
+    result = _result(plan, setup, timing, history, n_failed)
+    result.model_round = found
+    return result
+
+
+def _model_round(plan: TuningPlan, setup: _Setup, timing: dict[str, float]) -> ModelRound | None:
+    """Each task's best records tried inside the model's call sequence
+    (:mod:`fastsearch.tuning.model_round`): for a whole model timed on this machine, when
+    ``plan.model_round`` says so."""
+    cfg = plan.measure or MeasureConfig()
+    if plan.model_round is False or plan.runner is not None or cfg.model_candidates < 2:
+        return None
+    if plan.model_round is None and not any(t.result.trials_measured for t in setup.tasks):
+        return None
+    functions = {mt.name: list(mt.functions) for mt in setup.model_tasks}
+    tasks = {
+        t.name: (t.workload, functions.get(t.name, [t.name]))
+        for t in setup.tasks
+        if setup.db.best(t.workload) is not None
+    }
+    if not tasks:
+        return None
+    t0 = time.perf_counter()
+    check = plan.verification or Verification()
+    try:
+        found = model_round(
+            setup.whole,
+            setup.db,
+            plan.target,
+            tasks,
+            model_inputs(setup.whole, seed=1),
+            plan.work_dir,
+            candidates=cfg.model_candidates,
+            rounds=cfg.model_rounds,
+            tolerance=(check.rtol, check.atol),
+        )
+    except (MeasurementError, UnsupportedWorkload, subprocess.TimeoutExpired) as exc:
+        found = ModelRound(candidates=cfg.model_candidates, rounds=cfg.model_rounds, skipped=str(exc))
+    timing["model_round"] = time.perf_counter() - t0
+    return found
 
 
 def _prepare(mod: tvm.tirx.PrimFunc | IRModule, plan: TuningPlan, timing: dict[str, float]) -> _Setup:

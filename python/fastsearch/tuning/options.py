@@ -90,7 +90,9 @@ class TuningPlan:
     model, and ``rerank=False`` turns off the late re-ranking of proposals by per-store
     features, and ``build_cost=False`` the ranking of proposals by their predicted build time
     (:data:`fastsearch.search.guided.BUILD_RANK_WEIGHT`); these are for the fusion search and
-    fastsearch's own experiments."""
+    fastsearch's own experiments. ``model_round`` (:mod:`fastsearch.tuning.model_round`): ``None``
+    runs it when the run measured candidates (a resumed run with nothing left to measure keeps
+    the stored choice), ``True`` always, ``False`` never."""
 
     target: tvm.target.Target
     trials: int
@@ -108,3 +110,4 @@ class TuningPlan:
     groups: list[list[int]] | None = None
     rerank: bool = True
     build_cost: bool = True
+    model_round: bool | None = None

@@ -18,6 +18,7 @@ from fastsearch.graph.relax_tasks import apply_database
 from fastsearch.measure.measurer import build_seconds
 from fastsearch.search.sample import fresh_copy
 from fastsearch.search.warm_start import WarmStart
+from fastsearch.tuning.model_round import ModelRound
 
 __all__ = ["FinalRound", "FusionChange", "FusionReport", "TaskResult", "TrialRecord", "TuneResult"]
 
@@ -189,6 +190,7 @@ class TuneResult:
     task_scheduler: str = "gradient"
     warm_start: WarmStart | None = None  # the records this run started from
     fusion: FusionReport | None = None  # what fusion="search" tried and kept
+    model_round: ModelRound | None = None  # each task's best records tried in the model's sequence
 
     @property
     def best_traces(self) -> dict[str, Trace]:
