@@ -321,6 +321,8 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     )
     if "final" in t:  # each task's best and runners-up built again and timed side by side
         parts += f", final {t['final']:.1f}"
+    if "model_round" in t:  # each task's best records built into models and timed in sequence
+        parts += f", model round {t['model_round']:.1f}"
     if "fusion" in t:  # compiling and timing the model with each fusion change
         parts += f", fusion {t['fusion']:.1f}"
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
