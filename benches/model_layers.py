@@ -59,20 +59,13 @@ def fastsearch_rows(
     """(kernel, in sequence us, called again us, alone us, after its predecessor us, argument
     shapes) per call."""
     import tvm
+    from fastsearch.graph.model_timing import kernel_calls
     from tvm import relax
 
     dev = tvm.cpu(0)
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), dev)
-    calls: list[tuple[str, Any, tuple]] = []
-
-    def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
-        if before and not name.startswith("vm."):
-            calls.append((name, func, rest))
-        return 0
-
-    vm.set_instrument(capture)
-    vm["main"](*args)
+    calls, _ = kernel_calls(vm, args)
     seq = _sequence_us(calls, rounds, again=False)
     again = _sequence_us(calls, rounds, again=True)
     rows = []

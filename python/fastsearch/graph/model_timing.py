@@ -38,9 +38,11 @@ __all__ = [
     "describe_end_to_end",
     "end_to_end",
     "hollow_kernels",
+    "kernel_calls",
     "model_inputs",
     "paired_ratios",
     "profile_model",
+    "run_in_fresh_process",
     "time_in_fresh_processes",
     "time_interleaved",
 ]
@@ -169,13 +171,14 @@ def time_in_fresh_processes(
     return FreshTiming(times=times, outputs=outputs, threads=threads, processes=processes, profile=found)
 
 
-def _run_child(spec: dict, tmp: Path, tag: str, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """Run :func:`_child` on ``spec`` in a fresh interpreter; its arrays by name."""
-    spec = {**spec, "out": str(tmp / f"out{tag}.npz")}
-    spec_path = tmp / f"spec{tag}.json"
+def run_in_fresh_process(
+    module: str, spec: dict, spec_path: Path, env: dict[str, str], timeout_s: float, what: str
+) -> None:
+    """Run ``python -m module spec_path`` (``spec`` written there as JSON) in a fresh interpreter
+    with ``env``; raises :class:`MeasurementError` naming ``what`` if it fails."""
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "fastsearch.graph.model_timing", str(spec_path)],
+        [sys.executable, "-m", module, str(spec_path)],
         env=env,
         check=False,
         capture_output=True,
@@ -183,7 +186,30 @@ def _run_child(spec: dict, tmp: Path, tag: str, env: dict[str, str], timeout_s: 
         timeout=timeout_s,
     )
     if proc.returncode != 0:
-        raise MeasurementError(f"timing the models in a fresh process failed: {proc.stderr.strip()[-2000:]}")
+        raise MeasurementError(f"{what} in a fresh process failed: {proc.stderr.strip()[-2000:]}")
+
+
+def kernel_calls(vm: Any, args: Sequence[Any]) -> tuple[list[tuple[str, Any, tuple]], Any]:
+    """Every kernel call of one inference of ``vm["main"](*args)`` in order (name, function,
+    arguments; the VM's own builtins left out), and what it returned."""
+    calls: list[tuple[str, Any, tuple]] = []
+
+    def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
+        if before and not name.startswith("vm."):
+            calls.append((name, func, rest))
+        return 0
+
+    vm.set_instrument(capture)
+    out = vm["main"](*args)
+    return calls, out
+
+
+def _run_child(spec: dict, tmp: Path, tag: str, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run :func:`_child` on ``spec`` in a fresh interpreter; its arrays by name."""
+    spec = {**spec, "out": str(tmp / f"out{tag}.npz")}
+    run_in_fresh_process(
+        "fastsearch.graph.model_timing", spec, tmp / f"spec{tag}.json", env, timeout_s, "timing the models"
+    )
     with np.load(spec["out"]) as data:
         return {k: data[k] for k in data.files}
 
@@ -446,15 +472,7 @@ def profile_model(
             calls[name] = calls.get(name, 0) + 1
         return 0
 
-    sequence: list[tuple[str, Any, tuple]] = []  # every kernel call of one inference, in order
-
-    def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
-        if before and not name.startswith("vm."):
-            sequence.append((name, func, rest))
-        return 0
-
-    vm.set_instrument(capture)
-    vm["main"](*args)  # the kernels and the arguments each is called with
+    sequence, _ = kernel_calls(vm, args)  # the kernels and the arguments each is called with
     kernels = {name: (func, fargs) for name, func, fargs in reversed(sequence)}  # first call each
     vm.set_instrument(instrument)
     vm["main"](*args)  # warm-up

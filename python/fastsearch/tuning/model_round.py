@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from fastsearch.database import TuningDatabase, candidate_key, is_failed, mean_run_secs
 from fastsearch.errors import MeasurementError
+from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
 
 __all__ = ["ModelRound", "TaskChoice", "model_round"]
@@ -218,18 +218,9 @@ def _run_in_fresh_process(
     with tempfile.TemporaryDirectory(prefix="fastsearch_model_round_") as tmp:
         np.savez(Path(tmp) / "inputs.npz", *inputs)
         spec = {**spec, "inputs": str(Path(tmp) / "inputs.npz"), "out": str(Path(tmp) / "out.json")}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        proc = subprocess.run(
-            [sys.executable, "-m", "fastsearch.tuning.model_round", str(spec_path)],
-            env=env,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
+        run_in_fresh_process(
+            "fastsearch.tuning.model_round", spec, Path(tmp) / "spec.json", env, timeout_s, "the model round"
         )
-        if proc.returncode != 0:
-            raise MeasurementError(f"the model round's fresh process failed: {proc.stderr.strip()[-2000:]}")
         return list(json.loads(Path(spec["out"]).read_text()))
 
 
@@ -239,15 +230,7 @@ def _run_in_fresh_process(
 def _capture(library: str, args: list[Any]) -> list[tuple[str, Any, tuple]]:
     """Every kernel call of one inference of ``library``'s ``main``: (name, function, arguments)."""
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), tvm.cpu(0))
-    calls: list[tuple[str, Any, tuple]] = []
-
-    def capture(func: Any, name: str, before: bool, ret: Any, *rest: Any) -> int:
-        if before and not name.startswith("vm."):
-            calls.append((name, func, rest))
-        return 0
-
-    vm.set_instrument(capture)
-    ret = vm["main"](*args)
+    calls, ret = kernel_calls(vm, args)
     while not hasattr(ret, "numpy"):  # a tuple's first tensor
         ret = ret[0]
     calls.append(("", None, (vm, ret)))  # keeps the VM, and with it every tensor, alive
