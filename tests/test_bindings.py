@@ -56,7 +56,9 @@ def test_target_holds_the_clamped_cpu_facts():
 # A search far too long to finish before the interrupt (tens of seconds on 2 cores).
 _LONG_CALL = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
+    # Started from a shell's background job, a process inherits SIGINT ignored: restore Python's.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from fastsearch import _core
     from fastsearch.ir.tir_import import program_json
     from fastsearch.cli.main import load_workload
