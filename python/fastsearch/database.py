@@ -279,6 +279,22 @@ class TuningDatabase:
         _lower(secs_by_key, key, record.run_secs)
         return record
 
+    def top_distinct(
+        self, workload: ms.database.Workload, k: int, scan: int = 2
+    ) -> list[ms.database.TuningRecord]:
+        """The ``k`` fastest valid records of ``workload`` with distinct candidates, fastest
+        first, found among its ``scan * k`` fastest (a candidate may be stored more than once)."""
+        top: list[ms.database.TuningRecord] = []
+        seen: set[str] = set()
+        for rec in self.ms_database.get_top_k(workload, scan * k):
+            key = candidate_key(rec.trace)
+            if key not in seen:
+                seen.add(key)
+                top.append(rec)
+            if len(top) == k:
+                break
+        return top
+
     def best(self, workload: ms.database.Workload) -> ms.database.TuningRecord | None:
         """The valid record with the lowest mean run time (TVM's ``get_top_k(workload, 1)``)."""
         top = self.ms_database.get_top_k(workload, 1)

@@ -793,15 +793,7 @@ def _final_round(
     side in one process, they differ mostly by what they are.
     """
     cfg = measurer.config
-    top: list[ms.database.TuningRecord] = []
-    seen: set[str] = set()
-    for rec in db.ms_database.get_top_k(task.workload, cfg.final_candidates * 2):
-        key = candidate_key(rec.trace)
-        if key not in seen:
-            seen.add(key)
-            top.append(rec)
-        if len(top) == cfg.final_candidates:
-            break
+    top = db.top_distinct(task.workload, cfg.final_candidates)
     if len(top) < 2:
         return None
     schs = [_apply(task, rec.trace)[0] for rec in top]

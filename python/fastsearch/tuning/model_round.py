@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from fastsearch.database import TuningDatabase, candidate_key, is_failed, mean_run_secs
+from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MeasurementError
 from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
@@ -93,21 +92,6 @@ class ModelRound:
         )
 
 
-def _top_records(db: TuningDatabase, workload: Any, k: int) -> list[ms.database.TuningRecord]:
-    """The ``k`` fastest valid records of ``workload`` with distinct candidates, fastest first."""
-    top: list[ms.database.TuningRecord] = []
-    seen: set[str] = set()
-    for rec in db.ms_database.get_top_k(workload, 4 * k):
-        key = candidate_key(rec.trace)
-        if key in seen or is_failed([float(s) for s in rec.run_secs]):
-            continue
-        seen.add(key)
-        top.append(rec)
-        if len(top) == k:
-            break
-    return top
-
-
 def _variant_database(
     tops: dict[str, list[ms.database.TuningRecord]], j: int, target: tvm.target.Target
 ) -> ms.database.Database:
@@ -162,7 +146,7 @@ def model_round(
     it (within ``tolerance``, relative and absolute as :class:`fastsearch.Verification`'s).
     ``None`` when no task has a runner-up."""
     out = ModelRound(candidates=candidates, rounds=rounds)
-    tops = {name: _top_records(db, wl, candidates) for name, (wl, _) in tasks.items()}
+    tops = {name: db.top_distinct(wl, candidates, scan=4) for name, (wl, _) in tasks.items()}
     tops = {n: r for n, r in tops.items() if r}
     if not any(len(r) > 1 for r in tops.values()):
         return None
@@ -190,9 +174,8 @@ def model_round(
         "rtol": tolerance[0],
         "atol": tolerance[1],
     }
-    (folder / "plan.json").write_text(json.dumps(spec))  # what the fresh process was given
     threads = int(target.attrs.get("num-cores", 1) or 1)
-    found = _run_in_fresh_process(spec, inputs, threads, timeout_s)
+    found = _run_in_fresh_process(spec, inputs, threads, timeout_s, folder)
     out.time_s = time.perf_counter() - t0
     for row in found:
         choice = TaskChoice(
@@ -212,29 +195,30 @@ def model_round(
 
 
 def _run_in_fresh_process(
-    spec: dict[str, Any], inputs: list[np.ndarray], threads: int, timeout_s: float
+    spec: dict[str, Any], inputs: list[np.ndarray], threads: int, timeout_s: float, folder: Path
 ) -> list[dict[str, Any]]:
+    """Run :func:`_child` on ``spec`` in a fresh interpreter; its files (the inputs, the spec as
+    ``plan.json``, the result) stay in ``folder`` beside the models."""
     env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    with tempfile.TemporaryDirectory(prefix="fastsearch_model_round_") as tmp:
-        np.savez(Path(tmp) / "inputs.npz", *inputs)
-        spec = {**spec, "inputs": str(Path(tmp) / "inputs.npz"), "out": str(Path(tmp) / "out.json")}
-        run_in_fresh_process(
-            "fastsearch.tuning.model_round", spec, Path(tmp) / "spec.json", env, timeout_s, "the model round"
-        )
-        return list(json.loads(Path(spec["out"]).read_text()))
+    np.savez(folder / "inputs.npz", *inputs)
+    spec = {**spec, "inputs": str(folder / "inputs.npz"), "out": str(folder / "out.json")}
+    run_in_fresh_process(
+        "fastsearch.tuning.model_round", spec, folder / "plan.json", env, timeout_s, "the model round"
+    )
+    return list(json.loads((folder / "out.json").read_text()))
 
 
 # The fresh process ---------------------------------------------------------------------------
 
 
-def _capture(library: str, args: list[Any]) -> list[tuple[str, Any, tuple]]:
-    """Every kernel call of one inference of ``library``'s ``main``: (name, function, arguments)."""
+def _capture(library: str, args: list[Any]) -> tuple[list[tuple[str, Any, tuple]], Any, Any]:
+    """Every kernel call of one inference of ``library``'s ``main`` (name, function, arguments),
+    the VM (which keeps every tensor alive) and the output tensor it returned."""
     vm = relax.VirtualMachine(tvm.runtime.load_module(library), tvm.cpu(0))
     calls, ret = kernel_calls(vm, args)
     while not hasattr(ret, "numpy"):  # a tuple's first tensor
         ret = ret[0]
-    calls.append(("", None, (vm, ret)))  # keeps the VM, and with it every tensor, alive
-    return calls
+    return calls, vm, ret
 
 
 def _align(called: list[str], planned: list[tuple[str, Any]]) -> list[tuple[str, Any]] | None:
@@ -256,10 +240,11 @@ class _Sequence:
     """The model's kernel calls, each taken from one of the candidate models."""
 
     def __init__(self, spec: dict[str, Any], args: list[Any]) -> None:
-        models = [_capture(path, args) for path in spec["libraries"]]
-        self.keep = [m.pop() for m in models]
+        captured = [_capture(path, args) for path in spec["libraries"]]
+        models = [calls for calls, _, _ in captured]
+        self.vms = [vm for _, vm, _ in captured]  # kept alive, and with them every tensor
         # model 0's output tensor: every sequence writes it, as the VM's inference did
-        self.output = self.keep[0][2][1]
+        self.output = captured[0][2]
         self.reference = self.output.numpy().copy()
         base = models[0]
         names = [_base_name(n) for n, _, _ in base]
@@ -277,7 +262,7 @@ class _Sequence:
             row: list[tuple[Any, tuple | None]] = []
             self.weights.append([set(m[1]) for m in mask])
             for i, (_, func, fargs) in enumerate(model):
-                consts = set(mask[i][1])
+                consts = self.weights[-1][i]
                 mixed = tuple(a if k in consts else base[i][2][k] for k, a in enumerate(fargs))
                 same = all(
                     getattr(a, "shape", None) == getattr(b, "shape", None) for a, b in zip(mixed, fargs)
