@@ -8,7 +8,7 @@ import pytest
 import tvm
 from fastsearch import MalformedInput
 from fastsearch.graph.inference import InferenceReport, optimize_for_inference
-from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, parse_layout
+from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, legalize_rules, parse_layout
 from fastsearch.graph.relax_tasks import extract_tasks
 from fastsearch.tuning.tune import tune
 from tvm import relax
@@ -88,6 +88,51 @@ def test_resnet_pools_blocked_after_its_stem() -> None:
     _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
 
 
+def test_inception_pools_and_concatenates_blocked() -> None:
+    # Every tensor of this block takes blocks of 8: the average-pooling branch and the
+    # concatenation run blocked, so the only transforms are of the block's input and output.
+    model = onnx_zoo.inception_block(size=9, cin=16, width=16)
+    feeds = onnx_zoo.model_input(model)
+    mod = optimize_for_inference(onnx_zoo.load(model), layout="NCHW8c")
+    _, tasks = extract_tasks(mod)
+    names = [t.name for t in tasks if t.skip is None]
+    pool = next(t for t in tasks if t.name.startswith("avg_pool2d"))
+    concat = next(t for t in tasks if t.name.startswith("concatenate"))
+    assert len(pool.func.params[0].shape) == 5 and len(concat.func.params[-1].shape) == 5, names
+    transforms = [t for t in tasks if "layout_transform" in t.name]
+    assert sum(t.weight for t in transforms) == 2, names
+    _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
+
+
+def test_a_parameter_read_plainly_is_not_transformed_back() -> None:
+    # ``x`` feeds a blocked convolution and an operation that stays plain (softmax): the plain
+    # reader takes ``x`` itself, not a transform back from ``x``'s blocked twin.
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32"))
+            y = bb.emit(R.nn.relu(R.nn.conv2d(x, w, padding=1)))
+            out = bb.emit_output(R.add(y, R.nn.softmax(x, axis=1)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    blocked, converted = block_channels(mod, 8)
+    assert converted == 1
+    transforms = [
+        v.value.args[0]
+        for blk in blocked["main"].body.blocks
+        for v in blk.bindings
+        if isinstance(v.value, relax.Call) and getattr(v.value.op, "name", "") == "relax.layout_transform"
+    ]
+    assert len(transforms) == 2 and transforms[0].same_as(x), transforms
+    inputs = [rng.standard_normal((1, 8, 6, 6)).astype("float32")]
+    legal = relax.transform.LegalizeOps(customize_legalize_map={"relax.nn.conv2d": legalize_blocked_conv2d})(
+        blocked
+    )
+    _close(_run(legal, inputs), _run(mod, inputs))
+
+
 def test_channels_the_block_does_not_divide_stay_as_they_are() -> None:
     rng = np.random.default_rng(0)
     x = relax.Var("x", relax.TensorType((1, 12, 6, 6), "float32"))
@@ -141,6 +186,45 @@ def test_channels_between_blocks_take_a_smaller_block() -> None:
         blocked
     )
     _close(_run(legal, inputs), _run(mod, inputs))
+
+
+def _store_indices(func: tvm.tirx.PrimFunc) -> list[str]:
+    """The indices the single block of ``func`` stores at, as text."""
+    text = func.script()
+    store = next(line for line in text.splitlines() if "] = " in line and "T.axis" not in line)
+    return store.split("[", 1)[1].split("]", 1)[0].replace(" ", "").split(",")
+
+
+def test_blocking_transforms_are_indexed_by_their_output() -> None:
+    # NCHW -> NCHW8c legalizes to out[i, j, k, m, cb] = x[i, j*8 + cb, k, m], whose innermost
+    # loop walks the output; a transform of another kind (NCHW -> NHWC) keeps TVM's rule.
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 24, 5, 7), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            blocked = bb.emit(R.layout_transform(x, index_map=lambda i, j, k, m: (i, j // 8, k, m, j % 8)))
+            nhwc = bb.emit(R.layout_transform(x, index_map=lambda i, j, k, m: (i, k, m, j)))
+            out = bb.emit_output(relax.Tuple([blocked, nhwc]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    ours = relax.transform.LegalizeOps(customize_legalize_map=legalize_rules())(mod)
+    tvms = relax.transform.LegalizeOps()(mod)
+    funcs = {g.name_hint: f for g, f in ours.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    theirs = {g.name_hint: f for g, f in tvms.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert len(funcs) == len(theirs) == 2, funcs.keys()
+    by_rank = {len(f.params[-1].shape): f for f in funcs.values()}
+    assert _store_indices(by_rank[5]) == ["v_i", "v_j", "v_k", "v_m", "v_cb"], by_rank[5].script()
+    assert [_store_indices(f) for f in theirs.values() if len(f.params[-1].shape) == 5] != [
+        _store_indices(by_rank[5])
+    ]
+    nhwc_theirs = next(f for f in theirs.values() if len(f.params[-1].shape) == 4)
+    assert _store_indices(by_rank[4]) == _store_indices(nhwc_theirs)
+    data = rng.standard_normal((1, 24, 5, 7)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(ours, target=TARGET), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(data))
+    np.testing.assert_array_equal(got[0].numpy(), data.reshape(1, 3, 8, 5, 7).transpose(0, 1, 3, 4, 2))
+    np.testing.assert_array_equal(got[1].numpy(), data.transpose(0, 2, 3, 1))
 
 
 def test_layout_arguments() -> None:

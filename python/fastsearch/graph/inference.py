@@ -53,7 +53,7 @@ import tvm
 from tvm import relax, topi
 
 from fastsearch.errors import MalformedInput
-from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, parse_layout
+from fastsearch.graph.layout import block_channels, legalize_rules, parse_layout
 
 __all__ = ["STEPS", "InferenceReport", "fast_math", "fold_scale_shift", "optimize_for_inference"]
 
@@ -122,9 +122,9 @@ def optimize_for_inference(
         elif step == "legalize":
             if block is not None:
                 mod, report.blocked_convs = block_channels(mod, block)
-            # Blocked convolutions need fastsearch's rule: TOPI's refuses channel-chunk layouts.
-            legalize = {"relax.nn.conv2d": legalize_blocked_conv2d}
-            mod = relax.transform.LegalizeOps(customize_legalize_map=legalize)(mod)
+            # Blocked convolutions need fastsearch's rule (TOPI's refuses channel-chunk layouts),
+            # and its layout transforms one indexed by their output.
+            mod = relax.transform.LegalizeOps(customize_legalize_map=legalize_rules())(mod)
             mod = relax.transform.AnnotateTIROpPattern()(mod)
             mod = relax.transform.FoldConstant()(mod)
         elif step == "dead-code":
