@@ -163,6 +163,20 @@ def test_scale_and_shift_fold_into_one_conv_and_one_add() -> None:
     _same(mod, folded)
 
 
+def test_scalar_bounds_are_not_weights() -> None:
+    # Clip's bounds are PrimValues, which TVM 0.27 also calls constants: a chain whose next call
+    # takes one as its second argument (HardSigmoid's clip) ends there and nothing crashes.
+    def body(bb, y, rng):
+        y = bb.emit(R.add(R.multiply(y, relax.const(np.float32(1 / 6))), relax.const(np.float32(0.5))))
+        return bb.emit(R.clip(y, 0, 1))
+
+    mod = _conv_chain(body)
+    folded = fold_scale_shift(mod)
+    assert sorted(_ops(folded)) == ["relax.add", "relax.clip", "relax.nn.conv2d"]
+    _same(mod, folded)
+    _same(mod, optimize_for_inference(mod, layout="NCHW4c"))
+
+
 def test_a_shared_intermediate_ends_the_chain() -> None:
     def body(bb, y, rng):
         scaled = bb.emit(R.multiply(y, relax.const(rng.uniform(0.5, 1.5, (1, 4, 1, 1)).astype("float32"))))

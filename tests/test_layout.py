@@ -104,6 +104,28 @@ def test_inception_pools_and_concatenates_blocked() -> None:
     _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
 
 
+def test_efficientnet_runs_blocked_through_silu_and_squeeze_excitation() -> None:
+    # SiLU (Sigmoid, Mul) is each conv's epilogue in blocks, and squeeze-and-excitation's
+    # per-channel scale multiplies the blocked tensor. Tensors stay blocked from the stem to the
+    # head; the only transforms are of pooled (N, C, 1, 1) vectors: the squeeze of 4 channels,
+    # which no block divides, and the classifier's input.
+    model = onnx_zoo.build("efficientnet-b0-small")
+    feeds = onnx_zoo.model_input(model)
+    report = InferenceReport()
+    mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
+    _, tasks = extract_tasks(mod)
+    names = [t.name for t in tasks if t.skip is None]
+    convs = [t for t in tasks if "conv2d" in t.name]
+    # All 16 convolutions but the two squeezes to 4 channels write blocked channels.
+    assert report.blocked_convs == sum(len(t.func.params[-1].shape) == 5 for t in convs) == 14, names
+    assert len(convs) == 16, names
+    assert not [n for n in names if "sigmoid" in n and "conv2d" not in n], names
+    assert sum("sigmoid" in t.name for t in convs) == 13, names  # all but the 3 projections
+    transforms = [t for t in tasks if "layout_transform" in t.name]
+    assert transforms and all(np.prod([int(d) for d in t.func.params[0].shape[2:4]]) == 1 for t in transforms)
+    _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
+
+
 def test_a_parameter_read_plainly_is_not_transformed_back() -> None:
     # ``x`` feeds a blocked convolution and an operation that stays plain (softmax): the plain
     # reader takes ``x`` itself, not a transform back from ``x``'s blocked twin.

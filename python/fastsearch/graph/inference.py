@@ -54,6 +54,7 @@ from tvm import relax, topi
 
 from fastsearch.errors import MalformedInput
 from fastsearch.graph.layout import block_channels, legalize_rules, parse_layout
+from fastsearch.ir.relax_expr import constant_array
 
 __all__ = ["STEPS", "InferenceReport", "fast_math", "fold_scale_shift", "optimize_for_inference"]
 
@@ -201,9 +202,7 @@ class _Chain:
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:
-    if isinstance(expr, tvm.ir.expr.Constant):
-        return expr.value.numpy()
-    return None
+    return constant_array(expr)
 
 
 def _anchor(call: relax.Call) -> _Chain | None:

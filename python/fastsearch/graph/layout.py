@@ -32,6 +32,7 @@ from tvm import relax, te, topi
 
 from fastsearch.errors import FastsearchError, MalformedInput
 from fastsearch.ir.machine import vector_bytes
+from fastsearch.ir.relax_expr import constant_array
 from fastsearch.ir.tir_import import program_dict
 
 __all__ = [
@@ -57,7 +58,26 @@ _BINARY = {
     "relax.maximum": relax.op.maximum,
     "relax.minimum": relax.op.minimum,
 }
-_UNARY = {"relax.nn.relu": relax.op.nn.relu}
+#: Operators that map each element of their first argument on its own (any further arguments are
+#: scalars or attributes): the same call computes them on a blocked tensor.
+_UNARY = frozenset(
+    {
+        "relax.nn.relu",
+        "relax.nn.leakyrelu",
+        "relax.nn.silu",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.sigmoid",
+        "relax.tanh",
+        "relax.exp",
+        "relax.erf",
+        "relax.clip",
+        "relax.negative",
+        "relax.abs",
+        "relax.sqrt",
+        "relax.rsqrt",
+    }
+)
 
 
 def blocked_layout(layout: str) -> int | None:
@@ -100,7 +120,7 @@ def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
 
 
 def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+    return constant_array(expr)
 
 
 def _scalar_clip_op(mod: tvm.IRModule, call: relax.Call) -> str | None:
@@ -257,9 +277,15 @@ class _Blocker:
 
     def operand(self, arg: relax.Expr, like: tuple[int, ...]) -> relax.Expr | None:
         """A binary op's operand in the blocked program: a blocked tensor of the same shape as
-        ``like`` (the plain shape), a per-channel constant re-laid out, or a scalar constant."""
-        if isinstance(arg, relax.Var) and arg in self.blocked and _shape(arg) == like:
-            return self.blocked[arg]
+        ``like`` (the plain shape) or of shape ``(N, C, 1, 1)``, a per-channel constant re-laid
+        out, or a scalar constant."""
+        if isinstance(arg, relax.Var) and arg in self.blocked:
+            # The same shape, or one value per channel (a squeeze-and-excitation scale): both
+            # take the block of ``like``'s channels, so they broadcast blocked as they did plain.
+            shape = _shape(arg)
+            if shape == like or (shape is not None and shape[:2] == like[:2] and shape[2:] == (1, 1)):
+                return self.blocked[arg]
+            return None
         const = _constant(arg)
         if const is None or const.dtype != np.float32:
             return None
@@ -280,14 +306,19 @@ class _Blocker:
             or not any(isinstance(x, relax.Var) and x in self.blocked for x in args)
         ):
             return False
-        if op_name in _UNARY:
-            value = _UNARY[op_name](self.blocked[args[0]])
-        else:
-            lhs, rhs = (self.operand(x, like) for x in args)
-            if lhs is None or rhs is None:
-                return False
-            value = _BINARY[op_name](lhs, rhs)
-        self.emit_twin(var, value)
+        lhs, rhs = (self.operand(x, like) for x in args)
+        if lhs is None or rhs is None:
+            return False
+        self.emit_twin(var, _BINARY[op_name](lhs, rhs))
+        return True
+
+    def unary(self, var: relax.Var, call: relax.Call) -> bool:
+        """An elementwise operator (:data:`_UNARY`: activations such as SiLU's sigmoid, Clip
+        with scalar bounds) of a blocked tensor, blocked: the same call on the twin."""
+        data = call.args[0]
+        if not (isinstance(data, relax.Var) and data in self.blocked and len(_shape(var) or ()) == 4):
+            return False
+        self.emit_twin(var, relax.Call(call.op, [self.blocked[data], *call.args[1:]], call.attrs))
         return True
 
     def spatial_mean(self, var: relax.Var, call: relax.Call) -> bool:
@@ -356,7 +387,9 @@ class _Blocker:
             name = value.op.name
             if name == "relax.nn.conv2d" and self.conv2d(var, value):
                 return
-            if (name in _BINARY or name in _UNARY) and self.elementwise(var, name, list(value.args)):
+            if name in _BINARY and self.elementwise(var, name, list(value.args)):
+                return
+            if name in _UNARY and self.unary(var, value):
                 return
             if name == "relax.mean" and self.spatial_mean(var, value):
                 return

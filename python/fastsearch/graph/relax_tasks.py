@@ -19,6 +19,7 @@ from tvm_ffi import structural_equal, structural_hash
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.partition import DEFAULT_MAX_FUSE_DEPTH, fuse
+from fastsearch.ir.relax_expr import is_tensor_constant
 from fastsearch.ir.tir_import import program_dict
 
 __all__ = ["ModelTask", "apply_database", "extract_tasks", "is_relax_module", "mark_layout_free_weights"]
@@ -169,7 +170,7 @@ def mark_layout_free_weights(mod: IRModule) -> IRModule:
             return
         args = node.args[1]  # type: ignore[attr-defined]
         fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
-        found = {i for i, arg in enumerate(fields) if isinstance(arg, tvm.ir.expr.Constant)}
+        found = {i for i, arg in enumerate(fields) if is_tensor_constant(arg)}
         constant_args[name] = constant_args.get(name, found) & found
 
     relax.analysis.post_order_visit(mod["main"], visit)

@@ -29,6 +29,7 @@ __all__ = [
     "ZOO",
     "bert_layer",
     "build",
+    "efficientnet_b0",
     "inception_block",
     "load",
     "mobilenet_v2",
@@ -119,6 +120,17 @@ class _Graph:
             lo, hi = self.const(np.array(0.0, "float32"), "lo"), self.const(np.array(6.0, "float32"), "hi")
             return self.node("Clip", [y, lo, hi])
         return y
+
+    def silu(self, x: str) -> str:
+        """SiLU as exporters write it: ``Mul(x, Sigmoid(x))``."""
+        return self.node("Mul", [x, self.node("Sigmoid", [x])])
+
+    def squeeze_excite(self, x: str, c: int, reduced: int) -> str:
+        """Squeeze-and-excitation: global average pooling, a 1x1 conv to ``reduced`` channels
+        and SiLU, a 1x1 conv back and a sigmoid, and ``x`` scaled channel by channel."""
+        s = self.silu(self.conv(self.node("GlobalAveragePool", [x]), c, reduced, 1, bias=True))
+        s = self.node("Sigmoid", [self.conv(s, reduced, c, 1, bias=True)])
+        return self.node("Mul", [x, s])
 
     def dense(self, x: str, cin: int, cout: int) -> str:
         w = (self.rng.standard_normal((cin, cout)) / math.sqrt(cin)).astype("float32")
@@ -231,6 +243,46 @@ def mobilenet_v2(
     return g.model("mobilenet_v2", "input", [1, 3, size, size], g.classifier(x, head, classes))
 
 
+#: EfficientNet-B0's MBConv stages: (expansion, channels, blocks, first stride, kernel).
+EFFICIENTNET_B0_STAGES = [
+    (1, 16, 1, 1, 3),
+    (6, 24, 2, 2, 3),
+    (6, 40, 2, 2, 5),
+    (6, 80, 3, 2, 3),
+    (6, 112, 3, 1, 5),
+    (6, 192, 4, 2, 5),
+    (6, 320, 1, 1, 3),
+]
+
+
+def efficientnet_b0(
+    size: int = 224,
+    stages: list[tuple[int, int, int, int, int]] | None = None,
+    stem: int = 32,
+    head: int = 1280,
+    classes: int = 1000,
+    seed: int = 0,
+) -> Any:
+    """EfficientNet-B0 (Tan and Le 2019): a 3x3 stem of stride 2, MBConv blocks (1x1 expand,
+    3x3 or 5x5 depthwise, squeeze-and-excitation to a quarter of the block's input channels,
+    1x1 project, a residual ``Add`` when shapes allow), batch norm after every conv, SiLU as
+    ``Sigmoid`` and ``Mul``, a 1x1 head, global average pooling, ``Gemm`` and ``Softmax``."""
+    g = _Graph(seed)
+    x = g.silu(g.conv_bn("input", 3, stem, 3, 2, act=None))
+    cin = stem
+    for t, c, n, s, k in stages if stages is not None else EFFICIENTNET_B0_STAGES:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            y = x if t == 1 else g.silu(g.conv_bn(x, cin, hidden, 1, act=None))
+            y = g.silu(g.conv_bn(y, hidden, hidden, k, stride, groups=hidden, act=None))
+            y = g.conv_bn(g.squeeze_excite(y, hidden, max(1, cin // 4)), hidden, c, 1, act=None)
+            x = g.node("Add", [x, y]) if stride == 1 and cin == c else y
+            cin = c
+    x = g.silu(g.conv_bn(x, cin, head, 1, act=None))
+    return g.model("efficientnet_b0", "input", [1, 3, size, size], g.classifier(x, head, classes))
+
+
 def resnet(depth: int = 18, size: int = 224, width: int = 64, classes: int = 1000, seed: int = 0) -> Any:
     """ResNet-18/34 (basic blocks) or ResNet-50/101 (bottlenecks), torchvision's layout: a 7x7
     stem of stride 2 and max pooling, four stages, every conv followed by batch norm, residual
@@ -314,6 +366,7 @@ ZOO: dict[str, Callable[[], Any]] = {
     "bert-base-layer": bert_layer,
     "inception-block": inception_block,
     "vit-block": vit_block,
+    "efficientnet-b0": efficientnet_b0,
 }
 
 #: Small versions of the same graphs (tests, the CLI's quick runs). ``mobilenet-v2-small`` is a
@@ -327,6 +380,9 @@ SMALL: dict[str, Callable[[], Any]] = {
     "bert-layer-small": lambda: bert_layer(seq=16, hidden=32, heads=2),
     "inception-block-small": lambda: inception_block(size=9, cin=16, width=8),
     "vit-block-small": lambda: vit_block(size=32, patch=8, hidden=32, heads=2),
+    "efficientnet-b0-small": lambda: efficientnet_b0(
+        32, stages=[(1, 16, 1, 1, 3), (6, 32, 2, 2, 5)], stem=16, head=64, classes=10
+    ),
 }
 
 

@@ -38,6 +38,7 @@ from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs
 from fastsearch.errors import MeasurementError
 from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
+from fastsearch.ir.relax_expr import is_tensor_constant
 
 __all__ = ["ModelRound", "TaskChoice", "model_round"]
 
@@ -117,7 +118,7 @@ def weight_positions(applied: tvm.IRModule) -> list[tuple[str, list[int]]]:
             if isinstance(value, relax.Call) and value.op.same_as(call_tir):
                 args = value.args[1]
                 fields = list(args.fields) if isinstance(args, relax.Tuple) else [args]
-                consts = [i for i, a in enumerate(fields) if isinstance(a, tvm.ir.expr.Constant)]
+                consts = [i for i, a in enumerate(fields) if is_tensor_constant(a)]
                 calls.append((value.args[0].name_hint, consts))
     return calls
 
