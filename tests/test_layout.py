@@ -126,6 +126,28 @@ def test_efficientnet_runs_blocked_through_silu_and_squeeze_excitation() -> None
     _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
 
 
+def test_activations_as_onnx_writes_them_run_blocked() -> None:
+    # HardSwish, HardSigmoid, Elu, LeakyRelu and Tanh as TVM's ONNX frontend imports them
+    # (clip with scalar bounds, arithmetic with scalar constants, exp): every convolution keeps
+    # its activation in its kernel, and the only transforms are of the model's input and output.
+    g = onnx_zoo._Graph(0)
+    x = g.conv("input", 16, 16, 3, bias=True)
+    x = g.conv(g.node("HardSwish", [x]), 16, 16, 3, bias=True)
+    x = g.conv(g.node("Mul", [x, g.node("HardSigmoid", [x])]), 16, 16, 3, bias=True)
+    x = g.conv(g.node("Elu", [x]), 16, 16, 3, bias=True)
+    x = g.conv(g.node("LeakyRelu", [x], alpha=0.1), 16, 16, 3, bias=True)
+    model = g.model("activations", "input", [1, 16, 8, 8], g.node("Tanh", [x]))
+    feeds = onnx_zoo.model_input(model)
+    mod = optimize_for_inference(onnx_zoo.load(model), layout="NCHW8c")
+    _, tasks = extract_tasks(mod)
+    names = [t.name for t in tasks if t.skip is None]
+    convs = [t for t in tasks if "conv2d" in t.name]
+    assert len(convs) == 5 and all(len(t.func.params[-1].shape) == 5 for t in convs), names
+    assert len(tasks) == 7, names  # the five convolutions and two transforms
+    assert sum("layout_transform" in n for n in names) == 2, names
+    _close(_run(mod, list(feeds.values())), onnx_zoo.reference_outputs(model, feeds)[0])
+
+
 def test_a_parameter_read_plainly_is_not_transformed_back() -> None:
     # ``x`` feeds a blocked convolution and an operation that stays plain (softmax): the plain
     # reader takes ``x`` itself, not a transform back from ``x``'s blocked twin.

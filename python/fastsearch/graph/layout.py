@@ -70,6 +70,7 @@ _UNARY = frozenset(
         "relax.sigmoid",
         "relax.tanh",
         "relax.exp",
+        "relax.log",
         "relax.erf",
         "relax.clip",
         "relax.negative",
