@@ -23,10 +23,10 @@ into the graph that should be tuned:
     ``fast_erf`` and ``fast_tanh`` (the sigmoid as ``0.5 + 0.5 * fast_tanh(x / 2)``):
     approximations in plain arithmetic, which vectorize and fuse into the producing matmul's or
     convolution's epilogue. An EfficientNet-B0 tuned with libm's ``expf`` behind its sigmoids
-    ran at 3.5x onnxruntime, its SiLU convolutions at 10-30 GFLOP/s. LLVM otherwise calls libm's scalar ``erff`` per element,
-    whose time also depends on the values (MetaSchedule's random fill, in [1, 10], takes its
-    fast path: a BERT layer's GELU kernel measured 4.4 ms while tuning and 6.1 ms on the
-    model's own data). Outputs move by about 1e-7 (the approximations' error); onnxruntime
+    ran at 3.5x onnxruntime, its SiLU convolutions at 10-30 GFLOP/s. For ``erf``, LLVM otherwise
+    calls libm's scalar ``erff`` per element, whose time also depends on the values
+    (MetaSchedule's random fill, in [1, 10], takes its fast path: a BERT layer's GELU kernel
+    measured 4.4 ms while tuning and 6.1 ms on the model's own data). Outputs move by about 1e-7 (the approximations' error); onnxruntime
     computes GELU with a polynomial too.
 ``legalize``
     ``LegalizeOps`` and ``AnnotateTIROpPattern``, then ``FoldConstant`` again for anything
@@ -72,7 +72,6 @@ STEPS = (
 )
 
 
-#: What ``fast-math`` rewrites: the operator, and TOPI's approximation (float32 only).
 def fast_sigmoid(x: te.Tensor) -> te.Tensor:
     """``0.5 + 0.5 * fast_tanh(x / 2)``, the logistic function through TOPI's rational ``tanh``
     (clamped, so large inputs give 0 and 1). Not through ``fast_exp``: its bit tricks
@@ -88,6 +87,7 @@ def fast_silu(x: te.Tensor) -> te.Tensor:
     return te.compute(x.shape, lambda *i: x(*i) * s(*i), name="fast_silu", tag="elemwise")
 
 
+#: What ``fast-math`` rewrites: the operator, and its approximation (float32 only).
 _FAST_MATH = {
     "relax.erf": topi.fast_erf,
     "relax.tanh": topi.fast_tanh,
@@ -229,16 +229,12 @@ class _Chain:
     links: int = 0
 
 
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return constant_array(expr)
-
-
 def _anchor(call: relax.Call) -> _Chain | None:
     """A conv2d (NCHW, OIHW) or 2-D-weight matmul with a constant float32 weight."""
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
         return None
     name = call.op.name
-    weight = _constant(call.args[1]) if len(call.args) > 1 else None
+    weight = constant_array(call.args[1]) if len(call.args) > 1 else None
     if weight is None or weight.dtype != np.float32:
         return None
     if name == "relax.nn.conv2d":
@@ -289,7 +285,7 @@ def _extend(chain: _Chain, call: relax.Call, operand: relax.Var, out_rank: int) 
         lhs, rhs = rhs, lhs  # commutative: the constant may come first
     if not lhs.same_as(operand):
         return None
-    const = _constant(rhs)
+    const = constant_array(rhs)
     if const is None:
         return None
     vec = _per_channel(const, chain, out_rank)

@@ -120,10 +120,6 @@ def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
         return None
 
 
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return constant_array(expr)
-
-
 def _scalar_clip_op(mod: tvm.IRModule, call: relax.Call) -> str | None:
     """``"relax.maximum"``/``"relax.minimum"`` when ``call`` is a ``call_tir`` of a PrimFunc that
     computes ``out[i] = max(x[i], c[0])`` (or ``min``) with a one-element constant ``c``: TVM's
@@ -133,7 +129,7 @@ def _scalar_clip_op(mod: tvm.IRModule, call: relax.Call) -> str | None:
     gvar, args = call.args[0], call.args[1]
     func = mod[gvar] if isinstance(gvar, tvm.ir.GlobalVar) else None
     fields = list(args.fields) if isinstance(args, relax.Tuple) else []
-    const = _constant(fields[1]) if len(fields) == 2 else None
+    const = constant_array(fields[1]) if len(fields) == 2 else None
     if not isinstance(func, tvm.tirx.PrimFunc) or const is None or const.size != 1:
         return None
     try:
@@ -229,7 +225,7 @@ class _Blocker:
 
     def conv2d(self, var: relax.Var, call: relax.Call) -> bool:
         a = call.attrs
-        weight = _constant(call.args[1])
+        weight = constant_array(call.args[1])
         data = call.args[0]
         out = _shape(var)
         if weight is None or out is None or not isinstance(data, relax.Var) or _shape(data) is None:
@@ -287,7 +283,7 @@ class _Blocker:
             if shape == like or (shape is not None and shape[:2] == like[:2] and shape[2:] == (1, 1)):
                 return self.blocked[arg]
             return None
-        const = _constant(arg)
+        const = constant_array(arg)
         if const is None or const.dtype != np.float32:
             return None
         if const.size == 1:
