@@ -26,8 +26,8 @@ into the graph that should be tuned:
     ran at 3.5x onnxruntime, its SiLU convolutions at 10-30 GFLOP/s. For ``erf``, LLVM otherwise
     calls libm's scalar ``erff`` per element, whose time also depends on the values
     (MetaSchedule's random fill, in [1, 10], takes its fast path: a BERT layer's GELU kernel
-    measured 4.4 ms while tuning and 6.1 ms on the model's own data). Outputs move by about 1e-7 (the approximations' error); onnxruntime
-    computes GELU with a polynomial too.
+    measured 4.4 ms while tuning and 6.1 ms on the model's own data). Outputs move by about
+    1e-7 (the approximations' error); onnxruntime computes GELU with a polynomial too.
 ``legalize``
     ``LegalizeOps`` and ``AnnotateTIROpPattern``, then ``FoldConstant`` again for anything
     that only became foldable as TIR; Clip stays a ``maximum``/``minimum`` pair, an elementwise
