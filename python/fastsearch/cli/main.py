@@ -457,10 +457,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pipeline",
-        choices=("inference", "none"),
+        choices=("inference", "inference-direct", "none"),
         default="inference",
         help="a model's graph pipeline before partitioning: inference (default: batch norm folded, "
-        "constants folded, scale and shift moved into weights) or none",
+        "constants folded, scale and shift moved into weights, 3x3 convolutions on large images "
+        "as Winograd F(4x4, 3x3)), inference-direct (the same, every convolution direct) or none",
     )
     p.add_argument(
         "--layout",

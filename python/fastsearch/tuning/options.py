@@ -33,8 +33,9 @@ Strategy = Literal["evolutionary", "annealing", "random"]
 #: Which task of a model gets the next batch: Ansor's gradient rule after floors, or a fixed
 #: even split served in turn (:mod:`fastsearch.tuning.scheduler`).
 TaskSchedulerName = Literal["gradient", "round-robin"]
-#: What a Relax model goes through before it is partitioned (:mod:`fastsearch.graph.inference`).
-Pipeline = Literal["inference", "none"]
+#: What a Relax model goes through before it is partitioned (:mod:`fastsearch.graph.inference`):
+#: all its steps, all but ``winograd`` (every convolution computed directly), or nothing.
+Pipeline = Literal["inference", "inference-direct", "none"]
 #: How a Relax model's fused functions are decided: FuseOps' rules, or the rules and a measured
 #: search beyond them (:mod:`fastsearch.tuning.fusion_search`).
 FusionMode = Literal["rules", "search"]

@@ -1,0 +1,129 @@
+"""Winograd F(m x m, 3 x 3) for blocked 3x3 convolutions: the matrices, the rewrite's outputs
+against the direct convolution, and the tasks it leaves for the tuner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from fastsearch.graph import winograd
+from fastsearch.graph.inference import InferenceReport, optimize_for_inference
+from fastsearch.graph.layout import block_channels
+from fastsearch.graph.relax_tasks import extract_tasks
+from fastsearch.graph.winograd import transform_matrices, winograd_convolutions
+from fastsearch.testing import onnx_zoo
+from tvm import relax
+from tvm.relax import op as R
+
+TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+
+
+def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    while not hasattr(out, "numpy"):
+        out = out[0]
+    return out.numpy()
+
+
+def _close(got: np.ndarray, ref: np.ndarray) -> None:
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("m", [2, 3, 4, 6])
+def test_matrices_compute_the_correlation(m: int) -> None:
+    at, g, bt = transform_matrices(m)
+    a = m + 2
+    assert at.shape == (m, a) and g.shape == (a, 3) and bt.shape == (a, a)
+    rng = np.random.default_rng(m)
+    for _ in range(5):
+        d, k = rng.standard_normal(a), rng.standard_normal(3)
+        want = np.array([d[i : i + 3] @ k for i in range(m)])
+        np.testing.assert_allclose(at @ ((g @ k) * (bt @ d)), want, rtol=1e-12, atol=1e-12)
+
+
+def test_f2_and_f4_are_the_published_matrices() -> None:
+    # Lavin and Gray's F(2x2, 3x3) and F(4x4, 3x3), up to the sign of a row of B^T.
+    _, _, bt2 = transform_matrices(2)
+    assert np.array_equal(np.abs(bt2), np.abs([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]))
+    _, g4, bt4 = transform_matrices(4)
+    assert np.array_equal(bt4[0], [4, 0, -5, 0, 1, 0]) and np.array_equal(bt4[5], [0, 4, 0, -5, 0, 1])
+    np.testing.assert_allclose(g4[0], [1 / 4, 0, 0])
+
+
+def _conv_model(cin: int, cout: int, h: int, w: int, seed: int = 0) -> tuple[tvm.IRModule, np.ndarray]:
+    """conv 3x3 pad 1 + bias + ReLU, then a residual conv 3x3 whose output adds the first's."""
+    rng = np.random.default_rng(seed)
+    x = relax.Var("x", relax.TensorType((1, cin, h, w), "float32"))
+    bb = relax.BlockBuilder()
+
+    def const(*shape: int) -> relax.Expr:
+        return relax.const(rng.standard_normal(shape).astype("float32"))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                R.nn.relu(R.add(R.nn.conv2d(x, const(cout, cin, 3, 3), padding=1), const(1, cout, 1, 1)))
+            )
+            z = bb.emit(R.add(R.nn.conv2d(y, const(cout, cout, 3, 3), padding=1), y))
+            out = bb.emit_output(R.nn.relu(z))
+        bb.emit_func_output(out)
+    return bb.get(), rng.standard_normal((1, cin, h, w)).astype("float32")
+
+
+@pytest.mark.parametrize(
+    ("cin", "cout", "h", "w", "block"), [(16, 32, 13, 11, 16), (8, 16, 8, 8, 8), (24, 16, 9, 14, 16)]
+)
+def test_rewritten_convolutions_compute_the_direct_ones(
+    cin: int, cout: int, h: int, w: int, block: int
+) -> None:
+    # Odd sizes (tiles that overhang the image), blocks that differ between input and output.
+    mod, x = _conv_model(cin, cout, h, w)
+    want = _run(mod, [x])
+    blocked, converted = block_channels(mod, block)
+    assert converted == 2
+    rewritten, count = winograd_convolutions(blocked, min_pixels=1)
+    assert count == 2
+    _close(_run(rewritten, [x]), want)
+    for m in (2, 6):
+        other, _ = winograd_convolutions(blocked, m=m, min_pixels=1)
+        _close(_run(other, [x]), want)
+
+
+def test_small_images_and_other_convolutions_stay_direct() -> None:
+    mod, _ = _conv_model(16, 16, 8, 8)
+    blocked, _ = block_channels(mod, 16)
+    same, count = winograd_convolutions(blocked)  # 64 pixels, under the default minimum
+    assert count == 0 and same is blocked
+    # NCHW convolutions (no blocking) are not rewritten.
+    _, count = winograd_convolutions(mod, min_pixels=1)
+    assert count == 0
+
+
+def test_resnet_runs_its_3x3_convolutions_as_winograd(monkeypatch) -> None:
+    """Through the pipeline: outputs equal the reference, the epilogue (bias, residual add,
+    ReLU) fuses into the output transform, and every task is one fastsearch reads."""
+    monkeypatch.setattr(winograd, "MIN_WINOGRAD_PIXELS", 1)
+    model = onnx_zoo.build("resnet-18-small")
+    feeds = onnx_zoo.model_input(model)
+    ref = onnx_zoo.reference_outputs(model, feeds)[0]
+    report = InferenceReport()
+    mod = optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
+    # Every 3x3 stride-1 convolution: 4 stages x 2 blocks x 2, minus the 3 stride-2 ones.
+    assert report.winograd_convs == 13 and "winograd" in report.steps
+    _close(_run(mod, list(feeds.values())), ref)
+    fused, tasks = extract_tasks(mod)
+    _close(_run(fused, list(feeds.values())), ref)
+    names = [t.name for t in tasks]
+    assert not [(t.name, t.skip) for t in tasks if t.skip and t.skip.startswith("unsupported")]
+    outputs = [n for n in names if "winograd_output" in n]
+    assert outputs and all("relu" in n and "_add" in n for n in outputs), names
+    assert sum(1 for n in outputs if n.count("_add") == 2) == 4, names  # the residual blocks'
+    assert not [n for n in names if n.startswith(("relu", "add", "fused_add"))], names
+
+
+def test_the_default_rewrites_only_large_images() -> None:
+    model = onnx_zoo.build("resnet-18-small")  # 32x32 input: stage 1 runs at 8x8
+    report = InferenceReport()
+    optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
+    assert report.winograd_convs == 0
