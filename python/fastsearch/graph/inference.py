@@ -29,7 +29,7 @@ into the graph that should be tuned:
     measured 4.4 ms while tuning and 6.1 ms on the model's own data). Outputs move by about
     1e-7 (the approximations' error); onnxruntime computes GELU with a polynomial too.
 ``winograd``
-    In channel-blocked models, 3x3 stride-1 convolutions with at least 28x28 output pixels
+    In channel-blocked models, 3x3 stride-1 convolutions with at least 14x14 output pixels
     become Winograd's F(4x4, 3x3): an input transform, 36 matrix products over input channels
     and an output transform into which the epilogue fuses, with the weights transformed here
     (:mod:`fastsearch.graph.winograd`). 4x fewer multiplications; outputs move by about 1e-6
