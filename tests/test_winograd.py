@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch.graph import winograd
-from fastsearch.graph.inference import InferenceReport, optimize_for_inference
+from fastsearch.graph.inference import InferenceReport, optimize_for_inference, pipeline_steps
 from fastsearch.graph.layout import block_channels
 from fastsearch.graph.relax_tasks import extract_tasks
 from fastsearch.graph.winograd import transform_matrices, winograd_convolutions
@@ -127,3 +127,14 @@ def test_the_default_rewrites_only_large_images() -> None:
     report = InferenceReport()
     optimize_for_inference(onnx_zoo.load(model), report=report, layout="NCHWc")
     assert report.winograd_convs == 0
+
+
+def test_the_direct_pipeline_keeps_every_convolution_direct() -> None:
+    mod, x = _conv_model(16, 16, 14, 14)  # 196 output pixels: rewritten by default
+    want = _run(mod, [x])
+    for pipeline, expected in (("inference", 2), ("inference-direct", 0)):
+        report = InferenceReport()
+        out = optimize_for_inference(mod, steps=pipeline_steps(pipeline), report=report, layout="NCHW16c")
+        assert report.winograd_convs == expected and report.blocked_convs == 2, pipeline
+        _close(_run(out, [x]), want)
+    assert pipeline_steps("none") == ()

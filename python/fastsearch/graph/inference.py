@@ -65,7 +65,14 @@ from fastsearch.graph.layout import block_channels, legalize_rules, parse_layout
 from fastsearch.graph.winograd import winograd_convolutions
 from fastsearch.ir.relax_expr import constant_array
 
-__all__ = ["STEPS", "InferenceReport", "fast_math", "fold_scale_shift", "optimize_for_inference"]
+__all__ = [
+    "STEPS",
+    "InferenceReport",
+    "fast_math",
+    "fold_scale_shift",
+    "optimize_for_inference",
+    "pipeline_steps",
+]
 
 #: The pipeline's steps, in the order they run.
 STEPS = (
@@ -78,6 +85,18 @@ STEPS = (
     "legalize",
     "dead-code",
 )
+
+
+def pipeline_steps(pipeline: str) -> tuple[str, ...]:
+    """The steps of ``tune``'s ``pipeline`` argument: ``"inference"`` all of :data:`STEPS`,
+    ``"inference-direct"`` all but ``winograd``, ``"none"`` none."""
+    if pipeline == "inference":
+        return STEPS
+    if pipeline == "inference-direct":
+        return tuple(s for s in STEPS if s != "winograd")
+    if pipeline == "none":
+        return ()
+    raise MalformedInput(f"unknown pipeline {pipeline!r}; pipelines: inference, inference-direct, none")
 
 
 def fast_sigmoid(x: te.Tensor) -> te.Tensor:

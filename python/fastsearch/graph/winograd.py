@@ -198,6 +198,8 @@ def _eligible_kernel(call: relax.Call, min_pixels: int) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _Winograd(relax.PyExprMutator):  # type: ignore[misc]
+    """Replaces each eligible ``conv2d`` with the three ``call_te`` kernels of F(m x m, 3 x 3)."""
+
     def __init__(self, mod: tvm.IRModule, m: int, min_pixels: int) -> None:
         super().__init__(mod)
         self.m = m
@@ -216,7 +218,7 @@ class _Winograd(relax.PyExprMutator):  # type: ignore[misc]
         _, _, h, w, _ = _ints(data.ty.shape)
         weights = kernel.astype(np.float64)  # (K/bo, C/bi, 3, 3, bi, bo)
         ko, _, _, _, _, bo = weights.shape
-        # U[e, u, c, ci_block, k] = (G g G^T)[e, u] for input channel c * bi + ci_block, output k.
+        # U[e, u, c, b, k] = (G g G^T)[e, u] of input channel c * bi + b and output channel k.
         u = np.einsum("ei,kcijbo,uj->eucbko", self.g, weights, self.g)
         u = u.reshape(*u.shape[:4], ko * bo).astype("float32")
         bb = self.builder_
@@ -246,7 +248,8 @@ def winograd_convolutions(
     """``mod`` (a Relax model in ``NCHW{b}c``, after :func:`fastsearch.graph.layout.block_channels`)
     with each eligible 3x3 stride-1 convolution computed as Winograd's F(m x m, 3 x 3), and how
     many were rewritten. Eligible: float32, one image, padding 1, no groups or dilation, a
-    constant kernel, and at least ``min_pixels`` output pixels."""
+    constant kernel, and at least ``min_pixels`` (default :data:`MIN_WINOGRAD_PIXELS`) output
+    pixels."""
     mutator = _Winograd(mod, m, MIN_WINOGRAD_PIXELS if min_pixels is None else min_pixels)
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):

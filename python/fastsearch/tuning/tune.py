@@ -13,7 +13,7 @@ import tvm
 from tvm.ir import IRModule
 
 from fastsearch.errors import UnsupportedWorkload
-from fastsearch.graph.inference import STEPS, optimize_for_inference
+from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
 from fastsearch.graph.relax_tasks import is_relax_module
 from fastsearch.ir.target import TargetLike, require_searchable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
@@ -98,8 +98,7 @@ def tune(
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
     if pipeline != "none" and is_relax_module(mod):
         assert isinstance(mod, IRModule)
-        steps = STEPS if pipeline == "inference" else tuple(s for s in STEPS if s != "winograd")
-        mod = optimize_for_inference(mod, steps=steps, layout=layout, target=resolved)
+        mod = optimize_for_inference(mod, steps=pipeline_steps(pipeline), layout=layout, target=resolved)
     wname = name or loop.default_name(mod)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
     plan = TuningPlan(
