@@ -12,6 +12,7 @@ from fastsearch.graph.layout import block_channels
 from fastsearch.graph.relax_tasks import extract_tasks
 from fastsearch.graph.winograd import transform_matrices, winograd_convolutions
 from fastsearch.testing import onnx_zoo
+from fastsearch.tuning.tune import tune
 from tvm import relax
 from tvm.relax import op as R
 
@@ -138,3 +139,19 @@ def test_the_direct_pipeline_keeps_every_convolution_direct() -> None:
         assert report.winograd_convs == expected and report.blocked_convs == 2, pipeline
         _close(_run(out, [x]), want)
     assert pipeline_steps("none") == ()
+
+
+@pytest.mark.tuning
+def test_a_tuned_winograd_model_matches_the_direct_one(tmp_path, monkeypatch) -> None:
+    """Tuned Winograd kernels, with their transformed weights prepacked into the layouts the
+    tuned schedules chose, compute what the untuned direct model computes."""
+    monkeypatch.setattr(winograd, "MIN_WINOGRAD_PIXELS", 1)
+    mod, x = _conv_model(16, 32, 13, 11)
+    want = _run(mod, [x])
+    result = tune(mod, TARGET, trials=24, batch_size=8, work_dir=tmp_path, progress=False, layout="NCHWc")
+    names = [name for name, t in result.tasks.items() if t.best_latency_us is not None]
+    assert any("winograd_product" in n for n in names) and any("winograd_input" in n for n in names), names
+    out = relax.VirtualMachine(result.compile(), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    while not hasattr(out, "numpy"):
+        out = out[0]
+    _close(out.numpy(), want)
