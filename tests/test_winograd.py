@@ -155,3 +155,22 @@ def test_a_tuned_winograd_model_matches_the_direct_one(tmp_path, monkeypatch) ->
     while not hasattr(out, "numpy"):
         out = out[0]
     _close(out.numpy(), want)
+
+
+def test_transform_matrices_are_not_layout_free(monkeypatch) -> None:
+    """``B^T`` and ``A^T`` are constants that two blocks read: relaid out for one of them, the
+    prepacked matrix would be read wrongly by the other (such candidates failed verification
+    in a ResNet-50 run). The transformed weights, which one block reads, stay layout-free."""
+    monkeypatch.setattr(winograd, "MIN_WINOGRAD_PIXELS", 1)
+    mod, _ = _conv_model(16, 16, 8, 8)
+    fused, _ = extract_tasks(optimize_for_inference(mod, layout="NCHW16c"))
+    free = {
+        gvar.name_hint: [int(i) for i in (func.attrs or {}).get("layout_free_buffers", [])]
+        for gvar, func in fused.functions_items()
+        if isinstance(func, tvm.tirx.PrimFunc)
+    }
+    assert free["winograd_input"] == [], free  # (data, B^T)
+    assert free["winograd_product"] == [1], free  # (V, U)
+    outputs = {k: v for k, v in free.items() if "winograd_output" in k}  # (M, A^T, bias, ...)
+    assert outputs and all(1 not in v for v in outputs.values()), free
+    assert any(2 in v for v in outputs.values()), free  # the bias, which one block reads

@@ -159,9 +159,12 @@ def extract_tasks(
 
 def mark_layout_free_weights(mod: IRModule) -> IRModule:
     """``mod`` with each PrimFunc's ``layout_free_buffers`` attribute naming the parameters that
-    every call in ``main`` passes a constant (a weight): MetaSchedule's RewriteLayout may give
-    those any layout. TVM's ``AttachAttrLayoutFreeBuffers`` does the same but renames every
-    function it touches (``f`` becomes ``f1``), which would rename the user's tasks."""
+    every call in ``main`` passes a constant (a weight) and that one block reads: MetaSchedule's
+    RewriteLayout may give those any layout. TVM's ``AttachAttrLayoutFreeBuffers`` does the same
+    but renames every function it touches (``f`` becomes ``f1``), which would rename the user's
+    tasks. A weight two blocks read (a Winograd input transform's ``B^T``, read by both of its
+    passes) is left out: RewriteLayout relays it out for one reader, prepacking then hands the
+    relaid weight to both, and the other reads it wrongly (such candidates failed verification)."""
     constant_args: dict[str, set[int]] = {}
 
     def visit(node: object) -> None:
@@ -178,6 +181,8 @@ def mark_layout_free_weights(mod: IRModule) -> IRModule:
     for gvar, func in mod.functions_items():
         positions = sorted(constant_args.get(gvar.name_hint, ()))
         if isinstance(func, tvm.tirx.PrimFunc) and positions:
+            positions = [i for i in positions if i in _read_by_one_block(func)]
+        if isinstance(func, tvm.tirx.PrimFunc) and positions:
             updates[gvar] = func.with_attr("layout_free_buffers", positions)
     if not updates:
         return mod
@@ -185,6 +190,19 @@ def mark_layout_free_weights(mod: IRModule) -> IRModule:
     for gvar, func in updates.items():
         out[gvar] = func
     return out
+
+
+def _read_by_one_block(func: tvm.tirx.PrimFunc) -> set[int]:
+    """Positions of ``func``'s parameters that exactly one block reads."""
+    try:
+        program = program_dict(func)
+    except FastsearchError:  # outside the program model: TVM's rule alone decides
+        return set(range(len(func.params)))
+    readers: dict[int, int] = {}
+    for block in program["blocks"]:
+        for buffer in {read["buffer"] for read in block["reads"]}:
+            readers[buffer] = readers.get(buffer, 0) + 1
+    return {i for i, buffer in enumerate(program["params"]) if readers.get(buffer) == 1}
 
 
 def apply_database(fused: IRModule, database: object, target: tvm.target.Target) -> IRModule:
