@@ -16,20 +16,9 @@ from tvm.relax import op as R
 
 pytest.importorskip("onnx", reason="the ONNX zoo needs onnx")
 from fastsearch.testing import onnx_zoo
-
-TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
-
-
-def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
-    while not hasattr(out, "numpy"):
-        out = out[0]
-    return out.numpy()
-
-
-def _close(got: np.ndarray, ref: np.ndarray) -> None:
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+from relax_run import TARGET
+from relax_run import close as _close
+from relax_run import run as _run
 
 
 @pytest.mark.tuning

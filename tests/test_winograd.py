@@ -13,22 +13,11 @@ from fastsearch.graph.relax_tasks import extract_tasks
 from fastsearch.graph.winograd import transform_matrices, winograd_convolutions
 from fastsearch.testing import onnx_zoo
 from fastsearch.tuning.tune import tune
+from relax_run import TARGET
+from relax_run import close as _close
+from relax_run import run as _run
 from tvm import relax
 from tvm.relax import op as R
-
-TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 1})
-
-
-def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
-    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
-    while not hasattr(out, "numpy"):
-        out = out[0]
-    return out.numpy()
-
-
-def _close(got: np.ndarray, ref: np.ndarray) -> None:
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
 
 
 @pytest.mark.parametrize("m", [2, 3, 4, 6])
