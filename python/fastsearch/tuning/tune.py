@@ -72,7 +72,9 @@ def tune(
     - ``verify``: a candidate that would become a task's best is checked against the untuned
       function's output (a :class:`~fastsearch.tuning.options.Verification` sets tolerances).
     - ``pipeline``, ``layout``, ``fusion``: what a Relax model becomes before its tasks are
-      tuned: the inference pipeline (batch norm folded, epilogues fused), convolutions in
+      tuned: the inference pipeline (batch norm folded, epilogues fused, blocked 3x3
+      convolutions on images of 14x14 and more as Winograd's F(4x4, 3x3); ``"inference-direct"``
+      keeps every convolution direct, ``"none"`` skips it), convolutions in
       channel-blocked ``"NCHWc"`` (blocks of 16 channels on AVX-512, else 8; ``"NCHW{b}c"``
       names a block) or as imported (``"NCHW"``), and FuseOps' grouping or a
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
