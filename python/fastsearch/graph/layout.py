@@ -32,7 +32,7 @@ from tvm import relax, te, topi
 
 from fastsearch.errors import FastsearchError, MalformedInput
 from fastsearch.ir.machine import vector_bytes
-from fastsearch.ir.relax_expr import constant_array
+from fastsearch.ir.relax_expr import constant_array, static_shape
 from fastsearch.ir.tir_import import program_dict
 
 __all__ = [
@@ -110,16 +110,6 @@ def parse_layout(layout: str, target: tvm.target.Target | None = None) -> int | 
     return block
 
 
-def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        return None
-
-
 def _scalar_clip_op(mod: tvm.IRModule, call: relax.Call) -> str | None:
     """``"relax.maximum"``/``"relax.minimum"`` when ``call`` is a ``call_tir`` of a PrimFunc that
     computes ``out[i] = max(x[i], c[0])`` (or ``min``) with a one-element constant ``c``: TVM's
@@ -176,7 +166,7 @@ class _Blocker:
 
     def emit_twin(self, var: relax.Var, value: relax.Expr) -> relax.Var:
         """Bind ``value``, the blocked form of ``var`` (a plain NCHW tensor), as ``var``'s twin."""
-        n, c, h, w = _shape(var)  # type: ignore[misc]
+        n, c, h, w = static_shape(var)  # type: ignore[misc]
         b = self.block_of(c)
         assert b is not None, "only tensors with a block are blocked"
         twin = relax.DataflowVar(f"{var.name}_blocked", relax.TensorType((n, c // b, h, w, b), var.ty.dtype))
@@ -187,7 +177,7 @@ class _Blocker:
     def blocked_of(self, var: relax.Var) -> relax.Var:
         """``var`` blocked: its twin, or a layout transform of it (emitted once)."""
         if var not in self.blocked:
-            b = self.block_of(_shape(var)[1])  # type: ignore[index]
+            b = self.block_of(static_shape(var)[1])  # type: ignore[index]
             self.emit_twin(
                 var, relax.op.layout_transform(var, index_map=lambda i, j, k, m: (i, j // b, k, m, j % b))
             )
@@ -227,15 +217,15 @@ class _Blocker:
         a = call.attrs
         weight = constant_array(call.args[1])
         data = call.args[0]
-        out = _shape(var)
-        if weight is None or out is None or not isinstance(data, relax.Var) or _shape(data) is None:
+        out = static_shape(var)
+        if weight is None or out is None or not isinstance(data, relax.Var) or static_shape(data) is None:
             return False
         if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != ("NCHW", "OIHW", "NCHW"):
             return False
         if a.out_dtype is not None and str(a.out_dtype) not in ("", "float32", "void"):
             return False
         groups = int(a.groups)
-        cout, cin = weight.shape[0], _shape(data)[1]  # type: ignore[index]
+        cout, cin = weight.shape[0], static_shape(data)[1]  # type: ignore[index]
         bo, bi = self.block_of(cout), self.block_of(cin)
         depthwise = groups == cin == cout
         # A stem reads 3 channels: its input stays NCHW and only its output is blocked, each
@@ -279,7 +269,7 @@ class _Blocker:
         if isinstance(arg, relax.Var) and arg in self.blocked:
             # The same shape, or one value per channel (a squeeze-and-excitation scale): both
             # take the block of ``like``'s channels, so they broadcast blocked as they did plain.
-            shape = _shape(arg)
+            shape = static_shape(arg)
             if shape == like or (shape is not None and shape[:2] == like[:2] and shape[2:] == (1, 1)):
                 return self.blocked[arg]
             return None
@@ -296,7 +286,7 @@ class _Blocker:
         return relax.const(np.ascontiguousarray(const.reshape(1, c // b, 1, 1, b)))
 
     def elementwise(self, var: relax.Var, op_name: str, args: list[relax.Expr]) -> bool:
-        like = _shape(var)
+        like = static_shape(var)
         if (
             like is None
             or len(like) != 4
@@ -313,7 +303,7 @@ class _Blocker:
         """An elementwise operator (:data:`_UNARY`: activations such as SiLU's sigmoid, Clip
         with scalar bounds) of a blocked tensor, blocked: the same call on the twin."""
         data = call.args[0]
-        if not (isinstance(data, relax.Var) and data in self.blocked and len(_shape(var) or ()) == 4):
+        if not (isinstance(data, relax.Var) and data in self.blocked and len(static_shape(var) or ()) == 4):
             return False
         self.emit_twin(var, relax.Call(call.op, [self.blocked[data], *call.args[1:]], call.attrs))
         return True
@@ -322,7 +312,7 @@ class _Blocker:
         """Global average pooling (``mean`` over H and W, dims kept) of a blocked tensor, blocked:
         the blocked result is as small as the plain one, so only it is transformed back."""
         data = call.args[0]
-        shape = _shape(var)
+        shape = static_shape(var)
         axes = [int(a) for a in call.attrs.axis] if call.attrs.axis is not None else []
         if not (
             isinstance(data, relax.Var) and data in self.blocked and shape is not None and len(shape) == 4
@@ -362,18 +352,18 @@ class _Blocker:
         """A concatenation on channels of tensors that all take the block of the result, blocked:
         the same concatenation on the channel-chunk axis. Each part's channels are whole blocks,
         so the blocked result holds the plain one's channels in order."""
-        parts, shape = call.args[0], _shape(var)
+        parts, shape = call.args[0], static_shape(var)
         if not isinstance(parts, relax.Tuple) or shape is None or len(shape) != 4:
             return False
         if int(call.attrs.axis) % 4 != 1:
             return False
         fields = list(parts.fields)
-        if not all(isinstance(f, relax.Var) and _shape(f) is not None for f in fields):
+        if not all(isinstance(f, relax.Var) and static_shape(f) is not None for f in fields):
             return False
         if not any(f in self.blocked for f in fields):
             return False
         b = self.block_of(shape[1])
-        if b is None or any(self.block_of(_shape(f)[1]) != b for f in fields):  # type: ignore[index]
+        if b is None or any(self.block_of(static_shape(f)[1]) != b for f in fields):  # type: ignore[index]
             return False
         self.emit_twin(var, relax.op.concat([self.blocked_of(f) for f in fields], axis=1))
         return True
@@ -531,7 +521,7 @@ def legalize_blocked_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.E
             primfunc_name_hint="conv2d",
         )
     block = blocked_layout(str(a.data_layout))
-    data = _shape(call.args[0])
+    data = static_shape(call.args[0])
     channels = data[1] * data[4] if data is not None and len(data) == 5 else None
     # Ours: dense (reading blocks of one size, writing blocks of another) or depthwise, with the
     # kernel layouts block_channels writes; TVM's rule otherwise (it declines channel-chunk
@@ -560,7 +550,7 @@ def _blocking_transform(call: relax.Call) -> int | None:
     """``b`` when ``call`` is a ``layout_transform`` from NCHW to ``NCHW{b}c`` (the one
     :func:`block_channels` emits), else ``None``; read off the index map at sample points, so a
     user's own transforms keep TVM's rule."""
-    src, dst = _shape(call.args[0]), _shape(call)
+    src, dst = static_shape(call.args[0]), static_shape(call)
     if src is None or dst is None or call.attrs.pad_value is not None:
         return None
     if not (len(src) == 4 and len(dst) == 5 and src[1] == dst[1] * dst[4]):

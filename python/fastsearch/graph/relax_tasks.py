@@ -180,9 +180,11 @@ def mark_layout_free_weights(mod: IRModule) -> IRModule:
     updates = {}
     for gvar, func in mod.functions_items():
         positions = sorted(constant_args.get(gvar.name_hint, ()))
-        if isinstance(func, tvm.tirx.PrimFunc) and positions:
-            positions = [i for i in positions if i in _read_by_one_block(func)]
-        if isinstance(func, tvm.tirx.PrimFunc) and positions:
+        if not isinstance(func, tvm.tirx.PrimFunc) or not positions:
+            continue
+        one_reader = _read_by_one_block(func)
+        positions = [i for i in positions if i in one_reader]
+        if positions:
             updates[gvar] = func.with_attr("layout_free_buffers", positions)
     if not updates:
         return mod

@@ -36,7 +36,7 @@ import tvm
 from tvm import relax, te
 
 from fastsearch.graph.layout import blocked_layout
-from fastsearch.ir.relax_expr import constant_array, is_tensor_constant
+from fastsearch.ir.relax_expr import constant_array, static_shape
 
 __all__ = [
     "MIN_WINOGRAD_PIXELS",
@@ -186,11 +186,11 @@ def _eligible_kernel(call: relax.Call, min_pixels: int) -> np.ndarray | None:
     ):
         return None
     data, kernel = call.args
-    shape = data.ty.shape if isinstance(data.ty, relax.TensorType) else None
-    if shape is None or len(shape) != 5 or any(not isinstance(d, tvm.tirx.IntImm) for d in shape):
+    shape = static_shape(data)
+    if shape is None or len(shape) != 5:
         return None
-    n, _, h, w, _ = _ints(shape)
-    weights = constant_array(kernel) if is_tensor_constant(kernel) else None
+    n, _, h, w, _ = shape
+    weights = constant_array(kernel)
     if weights is None or n != 1 or weights.shape[2:4] != (3, 3) or data.ty.dtype != "float32":
         return None
     return weights if h * w >= min_pixels else None
@@ -205,8 +205,8 @@ class _Winograd(relax.PyExprMutator):  # type: ignore[misc]
         self.m = m
         self.min_pixels = min_pixels
         self.rewritten = 0
-        at, g, bt = transform_matrices(m)
-        self.at, self.g = relax.const(at.astype("float32")), g
+        at, self.g, bt = transform_matrices(m)
+        self.at = relax.const(at.astype("float32"))
         self.bt = relax.const(bt.astype("float32"))
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -215,7 +215,9 @@ class _Winograd(relax.PyExprMutator):  # type: ignore[misc]
         if kernel is None:
             return call
         data = call.args[0]
-        _, _, h, w, _ = _ints(data.ty.shape)
+        shape = static_shape(data)
+        assert shape is not None  # eligible: a static 5-D shape
+        _, _, h, w, _ = shape
         weights = kernel.astype(np.float64)  # (K/bo, C/bi, 3, 3, bi, bo)
         ko, _, _, _, _, bo = weights.shape
         # U[e, u, c, b, k] = (G g G^T)[e, u] of input channel c * bi + b and output channel k.

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-__all__ = ["constant_array", "is_tensor_constant"]
+__all__ = ["constant_array", "is_tensor_constant", "static_shape"]
 
 
 def is_tensor_constant(expr: Any) -> bool:
@@ -22,3 +22,15 @@ def is_tensor_constant(expr: Any) -> bool:
 def constant_array(expr: Any) -> np.ndarray | None:
     """The value of a constant tensor as a numpy array; ``None`` for anything else."""
     return expr.value.numpy() if is_tensor_constant(expr) else None
+
+
+def static_shape(expr: Any) -> tuple[int, ...] | None:
+    """The static shape of a Relax expression's tensor type; ``None`` when it has none (a
+    tuple, an unknown or symbolic shape)."""
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        return None
