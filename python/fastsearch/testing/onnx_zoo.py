@@ -34,8 +34,10 @@ __all__ = [
     "load",
     "mobilenet_v2",
     "model_input",
+    "prefix",
     "reference_outputs",
     "resnet",
+    "stage_cuts",
     "vit_block",
 ]
 
@@ -420,3 +422,40 @@ def reference_outputs(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarr
     from onnx.reference import ReferenceEvaluator
 
     return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def stage_cuts(model: Any) -> list[str]:
+    """Where to cut ``model`` to time it stage by stage: the last residual ``Add`` at each image
+    size (else the last of its tensors with the fewest channels, so that returning it costs
+    little), in order, then the model's output."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}
+    narrowest: dict[tuple[int, int], tuple[int, str]] = {}
+    last_add: dict[tuple[int, int], str] = {}
+    for node in inferred.graph.node:
+        shape = shapes.get(node.output[0])
+        if shape is None or len(shape) != 4:
+            continue
+        size = (shape[2], shape[3])
+        if size not in narrowest or shape[1] <= narrowest[size][0]:
+            narrowest[size] = (shape[1], node.output[0])
+        if node.op_type == "Add":
+            last_add[size] = node.output[0]
+    cuts = [last_add.get(size, name) for size, (_, name) in narrowest.items()]
+    return cuts + [inferred.graph.output[0].name]
+
+
+def prefix(model: Any, cut: str) -> Any:
+    """``model`` up to tensor ``cut``, which becomes its one output (``model`` itself when
+    ``cut`` is its output)."""
+    onnx = _onnx()
+    from onnx import shape_inference
+
+    if cut == model.graph.output[0].name:
+        return model
+    inferred = shape_inference.infer_shapes(model)
+    weights = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in weights]
+    return onnx.utils.Extractor(inferred).extract_model(inputs, [cut])
