@@ -63,7 +63,7 @@ from tvm import relax, te, topi
 from fastsearch.errors import MalformedInput
 from fastsearch.graph.layout import block_channels, legalize_rules, parse_layout
 from fastsearch.graph.winograd import winograd_convolutions
-from fastsearch.ir.relax_expr import constant_array
+from fastsearch.ir.relax_expr import constant_array, mutate_relax_functions
 
 __all__ = [
     "STEPS",
@@ -215,10 +215,7 @@ def fast_math(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     functions replaced by TOPI's ``fast_erf`` and ``fast_tanh``, :func:`fast_sigmoid` and
     :func:`fast_silu`, and how many were replaced."""
     mutator = _FastMath(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return mutator.builder_.get(), mutator.replaced
+    return mutate_relax_functions(mutator, mod), mutator.replaced
 
 
 def fold_scale_shift(mod: tvm.IRModule) -> tvm.IRModule:

@@ -36,7 +36,7 @@ import tvm
 from tvm import relax, te
 
 from fastsearch.graph.layout import blocked_layout
-from fastsearch.ir.relax_expr import constant_array, static_shape
+from fastsearch.ir.relax_expr import constant_array, mutate_relax_functions, static_shape
 
 __all__ = [
     "MIN_WINOGRAD_PIXELS",
@@ -253,9 +253,5 @@ def winograd_convolutions(
     constant kernel, and at least ``min_pixels`` (default :data:`MIN_WINOGRAD_PIXELS`) output
     pixels."""
     mutator = _Winograd(mod, m, MIN_WINOGRAD_PIXELS if min_pixels is None else min_pixels)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    if not mutator.rewritten:
-        return mod, 0
-    return mutator.builder_.get(), mutator.rewritten
+    rewritten = mutate_relax_functions(mutator, mod)
+    return (rewritten, mutator.rewritten) if mutator.rewritten else (mod, 0)

@@ -1,4 +1,5 @@
-"""Reading Relax expressions: which arguments are constant tensors.
+"""Reading Relax expressions (which arguments are constant tensors, static shapes) and running
+an expression mutator over a module's Relax functions.
 
 In TVM 0.27 a ``PrimValue`` (an ``IntImm`` such as ``HardSigmoid``'s or ``Clip``'s bounds) is a
 ``tvm.ir.expr.Constant`` too, so an ``isinstance`` check on that class alone takes a scalar
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-__all__ = ["constant_array", "is_tensor_constant", "static_shape"]
+__all__ = ["constant_array", "is_tensor_constant", "mutate_relax_functions", "static_shape"]
 
 
 def is_tensor_constant(expr: Any) -> bool:
@@ -34,3 +35,12 @@ def static_shape(expr: Any) -> tuple[int, ...] | None:
         return tuple(int(d) for d in shape)
     except TypeError:
         return None
+
+
+def mutate_relax_functions(mutator: Any, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every Relax function visited by ``mutator`` (a ``relax.PyExprMutator``
+    built over ``mod``): the module its block builder holds afterwards."""
+    for gvar, func in mod.functions_items():
+        if isinstance(func, tvm.relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
