@@ -27,24 +27,24 @@ import tempfile
 from pathlib import Path
 
 
-def compile_prefix(model, work_dir: Path, out: Path, pipeline: str, layout: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    """Compile ``model`` with the tuned schedules of ``work_dir`` into ``out``; returns how many
-    of its tasks the database has a record for, and how many it has."""
+def compile_prefix(model, db, target, out: Path, pipeline: str, layout: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Compile ``model`` with the tuned schedules of ``db`` (a
+    :class:`fastsearch.database.TuningDatabase`) into ``out``; returns how many of its tasks the
+    database has a record for, and how many it has. The database is only read: a task it has
+    never seen (the cut's transform back to NCHW) is not added to it."""
     import tvm
-    from fastsearch.database import TuningDatabase
     from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
     from fastsearch.graph.relax_tasks import apply_database, extract_tasks
-    from fastsearch.ir.target import resolve_target
     from tvm.relax.frontend.onnx import from_onnx
 
-    target = resolve_target("llvm")
     mod = from_onnx(model, keep_params_in_input=False)
     mod = optimize_for_inference(mod, steps=pipeline_steps(pipeline), layout=layout, target=target)
     fused, tasks = extract_tasks(mod)
-    db = TuningDatabase(work_dir)
     tuned = [t for t in tasks if t.skip is None]
     found = sum(
-        db.best(db.commit_workload(t.normalized)) is not None for t in tuned if t.normalized is not None
+        db.best(db.commit_workload(t.normalized)) is not None  # an existing workload: nothing written
+        for t in tuned
+        if t.normalized is not None and db.ms_database.has_workload(t.normalized)
     )
     applied = apply_database(fused, db.ms_database, target)
     tvm.compile(applied, target=target).export_library(str(out))
@@ -66,12 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import onnx
+    from fastsearch.database import TuningDatabase
     from fastsearch.graph.model_timing import time_in_fresh_processes
+    from fastsearch.ir.target import resolve_target
     from fastsearch.testing import onnx_zoo
 
     model = onnx_zoo.build(args.zoo) if args.zoo else onnx.load(args.onnx)
     feeds = onnx_zoo.model_input(model, seed=1)
     cuts = args.cuts.split(",") if args.cuts else onnx_zoo.stage_cuts(model)
+    db, target = TuningDatabase(args.work_dir), resolve_target("llvm")
     libraries, onnx_files, tuned = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="fastsearch_stages_") as tmp:
         for k, cut in enumerate(cuts):
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             onnx_files[cut] = Path(tmp) / f"prefix{k}.onnx"
             onnx.save(sub, onnx_files[cut])
             libraries[cut] = Path(tmp) / f"prefix{k}.so"
-            tuned[cut] = compile_prefix(sub, Path(args.work_dir), libraries[cut], args.pipeline, args.layout)
+            tuned[cut] = compile_prefix(sub, db, target, libraries[cut], args.pipeline, args.layout)
         # fastsearch's prefixes in the same processes, in interleaved rounds, so that its stages
         # subtract figures timed together; onnxruntime's each in processes of their own.
         ours = time_in_fresh_processes(
