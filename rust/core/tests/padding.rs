@@ -166,3 +166,56 @@ fn a_convolution_fuses_its_epilogue_into_its_tiles() {
     // One of three write-cache choices at each tiling level.
     assert!(fused > 40, "{fused} of 200 draws fuse the epilogue");
 }
+
+#[test]
+fn mutation_moves_a_tile_into_and_out_of_its_fused_epilogue() {
+    // Evolution starts from whatever the first batches measured best: a population without a
+    // fused epilogue must still reach one (and one with it leave it), each result replaying.
+    let (text, p) = cbr();
+    let space = SketchSpace::new(&p);
+    let target = CpuTarget::new(2);
+    let conv = block(&p, "Conv2dOutput");
+    let unfused = (0..200)
+        .map(|i| space.draw(&p, &target, &mut Rng::derive(7, i)))
+        .find(|g| {
+            matches!(
+                g.rules[&conv],
+                Rule::Tile {
+                    cache: WriteCache::None,
+                    ..
+                }
+            )
+        })
+        .expect("an unfused draw");
+    let (mut into, mut out_of) = (0, 0);
+    for i in 0..400 {
+        let g = mutate(&unfused, &p, &space, &mut Rng::derive(8, i));
+        let Rule::Tile {
+            cache: WriteCache::FusedConsumer(c),
+            ..
+        } = g.rules[&conv]
+        else {
+            continue;
+        };
+        into += 1;
+        assert!(matches!(g.rules.get(&c), Some(Rule::Root) | None));
+        let trace = emit(&p, &space, &g).to_string();
+        apply_trace(&text, &trace, true).unwrap_or_else(|e| panic!("{e}: {trace}"));
+        for j in 0..50 {
+            let back = mutate(&g, &p, &space, &mut Rng::derive(9, j));
+            if matches!(
+                back.rules[&conv],
+                Rule::Tile {
+                    cache: WriteCache::None | WriteCache::Global,
+                    ..
+                }
+            ) {
+                out_of += 1;
+                let trace = emit(&p, &space, &back).to_string();
+                apply_trace(&text, &trace, true).unwrap_or_else(|e| panic!("{e}: {trace}"));
+            }
+        }
+    }
+    assert!(into > 5, "{into} of 400 mutations fuse the epilogue");
+    assert!(out_of > 0, "no mutation leaves the fused epilogue");
+}

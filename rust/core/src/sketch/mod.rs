@@ -461,6 +461,27 @@ impl SketchSpace {
             .collect()
     }
 
+    /// The consumer a tile of `block` may take under its tiles in a genome whose rules are
+    /// `rules`: its single consumer, fusable, left at the root and hosting no other block.
+    pub(crate) fn fusable_consumer_of(
+        &self,
+        program: &Program,
+        block: usize,
+        rules: &BTreeMap<usize, Rule>,
+    ) -> Option<usize> {
+        let [c] = self.consumers(block)[..] else {
+            return None;
+        };
+        let hosting = rules
+            .values()
+            .any(|r| matches!(r.location(), Some((host, _)) if host == c));
+        let at_root = matches!(rules.get(&c), None | Some(Rule::Root));
+        (at_root
+            && !hosting
+            && self.fusable_consumer(program, self.info(block), c, &BTreeMap::new()))
+        .then_some(c)
+    }
+
     fn fusable_consumer(
         &self,
         program: &Program,
