@@ -93,6 +93,12 @@ def test_faulty_candidates_are_recorded_by_kind_and_the_run_completes(tmp_path):
     text = summary("GMM", (1, 16, 16, 16), result, None)
     assert "failed       apply error 1, build error 1, build timeout 1, build crash 1" in text
     assert "run timeout 1, run crash 1, wrong answer 1" in text
+    # Each kind's first error is kept and printed, naming its task.
+    assert set(result.failure_examples) == set(result.failures)
+    task_name = next(iter(result.tasks))
+    assert all(e.startswith(f"{task_name}: ") for e in result.failure_examples.values())
+    assert "values differ" in result.failure_examples["wrong answer"]
+    assert "\n  wrong answer: " in text
 
     lib = result.compile()  # the best record is a good candidate, and correct
     rng = np.random.default_rng(3)

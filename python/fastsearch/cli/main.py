@@ -313,6 +313,10 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
     failures = getattr(result, "failures", None) or {}
     if failures:
         lines.append("failed       " + ", ".join(f"{kind} {n}" for kind, n in failures.items()))
+        # The first error of each kind, so that a failure can be looked into without a rerun.
+        for kind, example in (getattr(result, "failure_examples", None) or {}).items():
+            first = " ".join(example.split())
+            lines.append(f"  {kind}: {first[:300]}{' ...' if len(first) > 300 else ''}")
     for repair in getattr(result, "repairs", None) or []:
         lines.append(f"repaired     {repair}")
     t = result.timing

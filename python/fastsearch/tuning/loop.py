@@ -591,9 +591,12 @@ def _result(
 ) -> TuneResult:
     tasks = setup.tasks
     failures: dict[str, int] = {}
+    examples: dict[str, str] = {}
     for task in tasks:
         for kind, count in task.result.failures.items():
             failures[kind] = failures.get(kind, 0) + count
+        for kind, error in task.result.failure_examples.items():
+            examples.setdefault(kind, f"{task.name}: {error}")
     lat = [(t.weight, t.result.best_latency_us) for t in tasks]
     best_latency = (
         sum(w * x for w, x in lat if x is not None) if lat and all(x is not None for _, x in lat) else None
@@ -620,6 +623,7 @@ def _result(
         target=plan.target,
         mod=setup.whole,
         failures={k: failures[k] for k in sorted(failures, key=_kind_order)},
+        failure_examples=examples,
         repairs=list(setup.db.repairs),
         is_relax=setup.is_relax,
         task_scheduler=plan.task_scheduler,
@@ -768,6 +772,7 @@ def _run_batch(
             task.result.failed += 1
             kind = res.failure or "run error"
             task.result.failures[kind] = task.result.failures.get(kind, 0) + 1
+            task.result.failure_examples.setdefault(kind, res.error or kind)
         if res.ok:  # every ok result faster than the old best was checked: the curve only counts those
             running = min(running, mean_run_secs(res.run_secs))
         task.best_secs = running

@@ -125,6 +125,7 @@ class TaskResult:
     best_trace: Trace | None = None
     exhausted: bool = False
     failures: dict[str, int] = field(default_factory=dict)  # failed candidates per kind
+    failure_examples: dict[str, str] = field(default_factory=dict)  # the first error of each kind
     weight: int = 1  # calls per run of the model (a Relax model's repeated layers share a task)
     skipped: str | None = None  # why a Relax model's fused function is not tuned
     functions: list[str] = field(default_factory=list)  # a Relax model's functions it stands for
@@ -185,6 +186,7 @@ class TuneResult:
     target: tvm.target.Target
     mod: IRModule = field(repr=False)
     failures: dict[str, int] = field(default_factory=dict)
+    failure_examples: dict[str, str] = field(default_factory=dict)  # kind -> "task: first error"
     repairs: list[str] = field(default_factory=list)
     is_relax: bool = False  # mod is a fused Relax model; compile() gives a VM executable
     task_scheduler: str = "gradient"
