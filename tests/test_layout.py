@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tvm
 from fastsearch import MalformedInput
+from fastsearch.cli.main import summary
 from fastsearch.graph.inference import InferenceReport, optimize_for_inference
 from fastsearch.graph.layout import block_channels, legalize_blocked_conv2d, legalize_rules, parse_layout
 from fastsearch.graph.relax_tasks import extract_tasks
@@ -297,3 +298,39 @@ def test_a_tuned_blocked_model_matches_the_reference(tmp_path) -> None:
     while not hasattr(out, "numpy"):
         out = out[0]
     _close(out.numpy(), ref)
+
+
+@pytest.mark.tuning
+def test_layout_search_tunes_both_layouts_and_keeps_the_faster(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((1, 16, 14, 14), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w1 = relax.const(rng.standard_normal((32, 16, 1, 1)).astype("float32"))
+            w2 = relax.const(rng.standard_normal((32, 1, 3, 3)).astype("float32"))
+            y = bb.emit(R.nn.relu(R.nn.conv2d(x, w1)))
+            out = bb.emit_output(R.nn.relu(R.nn.conv2d(y, w2, padding=1, groups=32)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    result = tune(mod, TARGET, trials=30, work_dir=tmp_path, progress=False, layout="search")
+    choice = result.layout_choice
+    assert choice is not None and set(choice.estimates_us) == {"NCHWc", "NCHW"}
+    # A fifth of the trials each, or a first batch of every task, whichever is more.
+    assert 6 <= choice.probe_trials <= 15
+    estimates = choice.estimates_us
+    assert all(v is not None and v > 0 for v in estimates.values()), choice
+    assert choice.chosen == min(estimates, key=lambda k: estimates[k] or 0.0)
+    # The rest of the run tuned the kept layout's tasks (blocked ones read 5-D tensors).
+    tuned = [t for t in result.tasks.values() if t.skipped is None]
+    blocked = any(len(t.mod["main"].params[0].shape) == 5 for t in tuned)
+    assert blocked == (choice.chosen == "NCHWc")
+    assert result.trials_measured <= 30 and "layout" in result.timing
+    text = summary("search", (), result, None)
+    assert (
+        f"layout       {choice.chosen} kept: tuned tasks' sums after {choice.probe_trials} trials each"
+        in text
+    )
+    inputs = [rng.standard_normal((1, 16, 14, 14)).astype("float32")]
+    out = relax.VirtualMachine(result.compile(), tvm.cpu())["main"](tvm.runtime.tensor(inputs[0]))
+    _close(out.numpy(), _run(relax.transform.LegalizeOps()(mod), inputs))

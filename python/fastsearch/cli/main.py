@@ -319,6 +319,15 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
             lines.append(f"  {kind}: {first[:300]}{' ...' if len(first) > 300 else ''}")
     for repair in getattr(result, "repairs", None) or []:
         lines.append(f"repaired     {repair}")
+    choice = getattr(result, "layout_choice", None)
+    if choice is not None:
+        sums = ", ".join(
+            f"{layout} {format_latency(us) if us is not None else 'not every task measured'}"
+            for layout, us in choice.estimates_us.items()
+        )
+        lines.append(
+            f"layout       {choice.chosen} kept: tuned tasks' sums after {choice.probe_trials} trials each: {sums}"
+        )
     t = result.timing
     parts = ", ".join(
         f"{k} {t[k]:.1f}" for k in ("search", "model", "apply", "build", "run", "verify", "database")
@@ -327,6 +336,8 @@ def summary(name: str, shape: Sequence[Any], result: Any, flops: float | None) -
         parts += f", final {t['final']:.1f}"
     if "model_round" in t:  # each task's best records built into models and timed in sequence
         parts += f", model round {t['model_round']:.1f}"
+    if "layout" in t:  # layout="search": tuning each layout's probe
+        parts += f", layout {t['layout']:.1f}"
     if "fusion" in t:  # compiling and timing the model with each fusion change
         parts += f", fusion {t['fusion']:.1f}"
     lines.append(f"time (s)     total {t['total']:.1f}: {parts}")
@@ -471,8 +482,8 @@ def _parser() -> argparse.ArgumentParser:
         "--layout",
         default="NCHWc",
         help="a CNN's activation layout for its convolutions: NCHWc (channel-blocked, default: "
-        "blocks of 16 channels on AVX-512, else 8; NCHW8c or NCHW16c names a block) or NCHW "
-        "(as imported)",
+        "blocks of 16 channels on AVX-512, else 8; NCHW8c or NCHW16c names a block), NCHW "
+        "(as imported) or search (each tuned with a fifth of the trials, the faster kept)",
     )
     p.add_argument(
         "--no-end-to-end",

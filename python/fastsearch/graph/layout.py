@@ -106,7 +106,9 @@ def parse_layout(layout: str, target: tvm.target.Target | None = None) -> int | 
         return default_block(target)
     block = blocked_layout(layout)
     if block is None or block < 1:
-        raise MalformedInput(f"unknown layout {layout!r}; layouts: NCHW, NCHWc, NCHW<b>c (NCHW16c, say)")
+        raise MalformedInput(
+            f"unknown layout {layout!r}; layouts: NCHW, NCHWc, NCHW<b>c (NCHW16c, say), and search for tune"
+        )
     return block
 
 

@@ -20,7 +20,15 @@ from fastsearch.search.sample import fresh_copy
 from fastsearch.search.warm_start import WarmStart
 from fastsearch.tuning.model_round import ModelRound
 
-__all__ = ["FinalRound", "FusionChange", "FusionReport", "TaskResult", "TrialRecord", "TuneResult"]
+__all__ = [
+    "FinalRound",
+    "FusionChange",
+    "FusionReport",
+    "LayoutChoice",
+    "TaskResult",
+    "TrialRecord",
+    "TuneResult",
+]
 
 
 @dataclass
@@ -158,6 +166,17 @@ class FinalRound:
 
 
 @dataclass
+class LayoutChoice:
+    """What ``layout="search"`` measured before it chose: each layout's model tuned with the
+    same ``probe_trials``, scored by its tuned tasks' weighted sum of best latencies (us;
+    ``None`` while a task had no valid record), and the layout the rest of the run tuned."""
+
+    chosen: str
+    estimates_us: dict[str, float | None]
+    probe_trials: int
+
+
+@dataclass
 class TuneResult:
     """What a tuning run found, where it is stored, and where the time went.
 
@@ -193,6 +212,7 @@ class TuneResult:
     warm_start: WarmStart | None = None  # the records this run started from
     fusion: FusionReport | None = None  # what fusion="search" tried and kept
     model_round: ModelRound | None = None  # each task's best records tried in the model's sequence
+    layout_choice: LayoutChoice | None = None  # what layout="search" measured and kept
 
     @property
     def best_traces(self) -> dict[str, Trace]:

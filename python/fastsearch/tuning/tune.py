@@ -7,14 +7,17 @@ model through the inference pipeline, and hands the plan to the tuning loop
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import tvm
 from tvm.ir import IRModule
+from tvm_ffi import structural_equal
 
 from fastsearch.errors import UnsupportedWorkload
 from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
-from fastsearch.graph.relax_tasks import is_relax_module
+from fastsearch.graph.relax_tasks import extract_tasks, is_relax_module
 from fastsearch.ir.target import TargetLike, require_searchable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.search.warm_start import WarmStart, WarmStartLike
@@ -31,10 +34,15 @@ from fastsearch.tuning.options import (
     TuningPlan,
     Verification,
 )
-from fastsearch.tuning.result import TaskResult, TrialRecord, TuneResult
+from fastsearch.tuning.result import LayoutChoice, TaskResult, TrialRecord, TuneResult
 from fastsearch.tuning.scheduler import SCHEDULERS
 
 __all__ = ["FusionSearch", "Sampler", "TaskResult", "TrialRecord", "TuneResult", "Verification", "tune"]
+
+#: The layouts ``layout="search"`` tries, the default first (it is kept on a tie).
+SEARCHED_LAYOUTS = ("NCHWc", "NCHW")
+#: The share of the trials each searched layout gets before the choice.
+LAYOUT_PROBE_SHARE = 0.2
 
 
 def tune(
@@ -76,7 +84,8 @@ def tune(
       convolutions on images of 14x14 and more as Winograd's F(4x4, 3x3); ``"inference-direct"``
       keeps every convolution direct, ``"none"`` skips it), convolutions in
       channel-blocked ``"NCHWc"`` (blocks of 16 channels on AVX-512, else 8; ``"NCHW{b}c"``
-      names a block) or as imported (``"NCHW"``), and FuseOps' grouping or a
+      names a block) or as imported (``"NCHW"``), or ``"search"``: each of the two tuned with
+      a fifth of the trials, the faster kept for the rest (:class:`LayoutChoice`), and FuseOps' grouping or a
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
     ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
@@ -98,9 +107,13 @@ def tune(
         raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
     if task_scheduler not in SCHEDULERS:
         raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
+    variants: dict[str, IRModule] = {}
     if pipeline != "none" and is_relax_module(mod):
         assert isinstance(mod, IRModule)
-        mod = optimize_for_inference(mod, steps=pipeline_steps(pipeline), layout=layout, target=resolved)
+        steps = pipeline_steps(pipeline)
+        for each in SEARCHED_LAYOUTS if layout == "search" else (layout,):
+            variants[each] = optimize_for_inference(mod, steps=steps, layout=each, target=resolved)
+        mod = variants[SEARCHED_LAYOUTS[0] if layout == "search" else layout]
     wname = name or loop.default_name(mod)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
     plan = TuningPlan(
@@ -118,7 +131,41 @@ def tune(
         verification=(verify if isinstance(verify, Verification) else Verification()) if verify else None,
         progress=progress,
     )
+    if len(variants) > 1 and not structural_equal(*variants.values()):
+        return _tune_choosing_layout(variants, plan, search)
     if search is not None:
         assert isinstance(mod, IRModule)
         return tune_searching_fusion(mod, plan, search, loop.run)
     return loop.run(mod, plan)
+
+
+def _tune_choosing_layout(
+    variants: dict[str, IRModule], plan: TuningPlan, search: FusionSearch | None
+) -> TuneResult:
+    """``layout="search"``: each layout's model tuned with :data:`LAYOUT_PROBE_SHARE` of the
+    trials, or enough for a batch of each task (no final or model round), then the layout
+    whose tuned tasks add up to less (the default, ``"NCHWc"``, when a probe left a task
+    unmeasured) tuned with what is left. Both share the work directory, so the kept layout resumes from its probe
+    and a task both layouts have is tuned once."""
+    start = time.perf_counter()
+    # Enough for a first batch of every task (the scheduler's warm-up), so that each layout's
+    # tuned tasks add up; at most half the trials each.
+    tasks = max(sum(t.skip is None for t in extract_tasks(mod)[1]) for mod in variants.values())
+    probe_trials = max(1, int(plan.trials * LAYOUT_PROBE_SHARE), tasks * (plan.batch_size or 1))
+    probe_trials = min(probe_trials, max(1, plan.trials // len(variants)))
+    probe_measure = replace(plan.measure or MeasureConfig(), final_candidates=0)
+    probe_plan = replace(plan, trials=probe_trials, measure=probe_measure, model_round=False)
+    probes = {layout: loop.run(mod, probe_plan) for layout, mod in variants.items()}
+    estimates = {layout: r.best_latency_us for layout, r in probes.items()}
+    chosen = min(variants, key=lambda layout: estimates[layout] or float("inf"))
+    spent = sum(r.trials_measured for layout, r in probes.items() if layout != chosen)
+    rest = replace(plan, trials=max(plan.trials - spent, probes[chosen].trials_measured))
+    mod = variants[chosen]
+    result = tune_searching_fusion(mod, rest, search, loop.run) if search is not None else loop.run(mod, rest)
+    result.layout_choice = LayoutChoice(chosen=chosen, estimates_us=estimates, probe_trials=probe_trials)
+    # The kept layout's probe records count as stored in the run that resumed from them.
+    result.trials_measured += spent
+    elapsed = time.perf_counter() - start
+    result.timing["layout"] = elapsed - result.timing.get("total", 0.0)
+    result.timing["total"] = elapsed
+    return result
