@@ -326,6 +326,9 @@ def test_layout_search_tunes_both_layouts_and_keeps_the_faster(tmp_path) -> None
     blocked = any(len(t.mod["main"].params[0].shape) == 5 for t in tuned)
     assert blocked == (choice.chosen == "NCHWc")
     assert result.trials_measured <= 30 and "layout" in result.timing
+    # Each layout tuned in a directory of its own (their tasks share names); the kept one resumed.
+    assert result.work_dir == tmp_path / f"layout-{choice.chosen}"
+    assert {p.name for p in tmp_path.iterdir()} == {"layout-NCHWc", "layout-NCHW"}
     text = summary("search", (), result, None)
     assert (
         f"layout       {choice.chosen} kept: tuned tasks' sums after {choice.probe_trials} trials each"

@@ -145,8 +145,8 @@ def _tune_choosing_layout(
     """``layout="search"``: each layout's model tuned with :data:`LAYOUT_PROBE_SHARE` of the
     trials, or enough for a batch of each task (no final or model round), then the layout
     whose tuned tasks add up to less (the default, ``"NCHWc"``, when a probe left a task
-    unmeasured) tuned with what is left. Both share the work directory, so the kept layout resumes from its probe
-    and a task both layouts have is tuned once."""
+    unmeasured) tuned with what is left, resuming from its probe in its own directory
+    (``layout-<layout>`` under ``work_dir``, the result's ``work_dir``)."""
     start = time.perf_counter()
     # Enough for a first batch of every task (the scheduler's warm-up), so that each layout's
     # tuned tasks add up; at most half the trials each.
@@ -154,12 +154,27 @@ def _tune_choosing_layout(
     probe_trials = max(1, int(plan.trials * LAYOUT_PROBE_SHARE), tasks * (plan.batch_size or 1))
     probe_trials = min(probe_trials, max(1, plan.trials // len(variants)))
     probe_measure = replace(plan.measure or MeasureConfig(), final_candidates=0)
-    probe_plan = replace(plan, trials=probe_trials, measure=probe_measure, model_round=False)
-    probes = {layout: loop.run(mod, probe_plan) for layout, mod in variants.items()}
+    # Each layout tunes in a directory of its own: the two models' tasks share names, and the
+    # search keeps per-task state (genomes, cost model) under a task's name.
+    plans = {
+        layout: replace(
+            plan,
+            trials=probe_trials,
+            measure=probe_measure,
+            model_round=False,
+            work_dir=plan.work_dir / f"layout-{layout}",
+        )
+        for layout in variants
+    }
+    probes = {layout: loop.run(mod, plans[layout]) for layout, mod in variants.items()}
     estimates = {layout: r.best_latency_us for layout, r in probes.items()}
     chosen = min(variants, key=lambda layout: estimates[layout] or float("inf"))
     spent = sum(r.trials_measured for layout, r in probes.items() if layout != chosen)
-    rest = replace(plan, trials=max(plan.trials - spent, probes[chosen].trials_measured))
+    rest = replace(
+        plan,
+        trials=max(plan.trials - spent, probes[chosen].trials_measured),
+        work_dir=plans[chosen].work_dir,
+    )
     mod = variants[chosen]
     result = tune_searching_fusion(mod, rest, search, loop.run) if search is not None else loop.run(mod, rest)
     result.layout_choice = LayoutChoice(chosen=chosen, estimates_us=estimates, probe_trials=probe_trials)
