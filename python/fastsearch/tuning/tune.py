@@ -6,6 +6,7 @@ model through the inference pipeline, and hands the plan to the tuning loop
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import replace
@@ -168,7 +169,8 @@ def _tune_choosing_layout(
     }
     probes = {layout: loop.run(mod, plans[layout]) for layout, mod in variants.items()}
     estimates = {layout: r.best_latency_us for layout, r in probes.items()}
-    chosen = min(variants, key=lambda layout: estimates[layout] or float("inf"))
+    ranked = {layout: math.inf if us is None else us for layout, us in estimates.items()}
+    chosen = min(variants, key=ranked.__getitem__)
     spent = sum(r.trials_measured for layout, r in probes.items() if layout != chosen)
     rest = replace(
         plan,

@@ -454,10 +454,7 @@ impl SketchSpace {
                     && !self.inlined.contains(&p.block)
                     && !self.optional_inline.contains(&p.block)
             })
-            .filter_map(|p| match self.consumers(p.block).as_slice() {
-                [c] if self.fusable_consumer(program, p, *c, &none) => Some(*c),
-                _ => None,
-            })
+            .filter_map(|p| self.fusable_consumer_of(program, p.block, &none))
             .collect()
     }
 

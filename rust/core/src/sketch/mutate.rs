@@ -89,7 +89,10 @@ fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng:
     if space.optional_inline.contains(&block) {
         return move_optional_inline(g, program, space, block, rng);
     }
-    let fusable = space.fusable_consumer_of(program, block, &g.rules);
+    // Only a tile's write-back can take its consumer (found before `rule` borrows the rules).
+    let fusable = matches!(g.rules[&block], Rule::Tile { .. })
+        .then(|| space.fusable_consumer_of(program, block, &g.rules))
+        .flatten();
     let rule = g.rules.get_mut(&block).expect("block with a rule");
     match rule {
         Rule::Tile { cache, level } => {
