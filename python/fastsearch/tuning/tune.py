@@ -95,25 +95,12 @@ def tune(
     :class:`fastsearch.RemoteError`, or :class:`fastsearch.MeasurementError` when not a single
     candidate of a task could be measured. README.md describes each option at length.
     """
-    if trials < 0:
-        raise ValueError(f"trials must be >= 0, got {trials}")
-    if not isinstance(mod, (tvm.tirx.PrimFunc, IRModule)):
-        raise UnsupportedWorkload(
-            f"tune() takes a tvm.tirx.PrimFunc or an IRModule of PrimFuncs, got {type(mod).__name__}"
-        )
+    _check_arguments(mod, trials, pipeline, task_scheduler)
     resolved = resolve_target(target)
     require_searchable(resolved, "fastsearch.tune")
     search = check_fusion_argument(fusion, mod)
-    if pipeline not in PIPELINES:
-        raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
-    if task_scheduler not in SCHEDULERS:
-        raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
-    variants: dict[str, IRModule] = {}
-    if pipeline != "none" and is_relax_module(mod):
-        assert isinstance(mod, IRModule)
-        steps = pipeline_steps(pipeline)
-        for each in SEARCHED_LAYOUTS if layout == "search" else (layout,):
-            variants[each] = optimize_for_inference(mod, steps=steps, layout=each, target=resolved)
+    variants = _pipeline_variants(mod, pipeline, layout, resolved)
+    if variants:
         mod = variants[SEARCHED_LAYOUTS[0] if layout == "search" else layout]
     wname = name or loop.default_name(mod)
     warm = warm_start if isinstance(warm_start, WarmStart) or warm_start is None else WarmStart(warm_start)
@@ -138,6 +125,33 @@ def tune(
         assert isinstance(mod, IRModule)
         return tune_searching_fusion(mod, plan, search, loop.run)
     return loop.run(mod, plan)
+
+
+def _check_arguments(mod: object, trials: int, pipeline: str, task_scheduler: str) -> None:
+    """Refuses what no tuning run could use, before anything is written."""
+    if trials < 0:
+        raise ValueError(f"trials must be >= 0, got {trials}")
+    if not isinstance(mod, (tvm.tirx.PrimFunc, IRModule)):
+        raise UnsupportedWorkload(
+            f"tune() takes a tvm.tirx.PrimFunc or an IRModule of PrimFuncs, got {type(mod).__name__}"
+        )
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; available: {', '.join(PIPELINES)}")
+    if task_scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown task_scheduler {task_scheduler!r}; available: {', '.join(SCHEDULERS)}")
+
+
+def _pipeline_variants(
+    mod: tvm.tirx.PrimFunc | IRModule, pipeline: str, layout: str, target: tvm.target.Target
+) -> dict[str, IRModule]:
+    """A Relax model through the inference pipeline, once per layout to tune (both searched
+    layouts under ``layout="search"``); empty for TIR or when the pipeline is ``"none"``."""
+    if pipeline == "none" or not is_relax_module(mod):
+        return {}
+    assert isinstance(mod, IRModule)
+    steps = pipeline_steps(pipeline)
+    layouts = SEARCHED_LAYOUTS if layout == "search" else (layout,)
+    return {each: optimize_for_inference(mod, steps=steps, layout=each, target=target) for each in layouts}
 
 
 def _tune_choosing_layout(
