@@ -1,4 +1,5 @@
-"""Building and timing candidates, locally or on an RPC device (``measurer``)."""
+"""Building and timing candidates, locally or on an RPC device (``measurer``); CUDA candidates
+compiled to cubins and their resources read from ptxas (``cubin``, with the ``cuda`` extra)."""
 
 from fastsearch.measure.measurer import MeasureConfig, Measurer, MeasureResult, RPCRunner
 
