@@ -15,6 +15,7 @@ __all__ = [
     "SKETCH_FEATURE_NAMES",
     "FastsearchError",
     "Forest",
+    "GpuTarget",
     "InternalError",
     "InvalidTrace",
     "MalformedInput",
@@ -59,6 +60,20 @@ class Target:
     def fma_per_cycle(self) -> float: ...
     @property
     def parallel_speedup(self) -> float: ...
+
+@final
+class GpuTarget:
+    """A CUDA target's limits, for the schedule engine's CUDA postprocessors."""
+
+    def __new__(
+        cls, *, max_threads_per_block: int, warp_size: int, max_shared_memory_per_block: int
+    ) -> GpuTarget: ...
+    @property
+    def max_threads_per_block(self) -> int: ...
+    @property
+    def warp_size(self) -> int: ...
+    @property
+    def max_shared_memory_per_block(self) -> int: ...
 
 @final
 class Forest:
@@ -113,7 +128,9 @@ class Program:
     def transfer_sibling_genomes(
         self, source: Program, genomes: list[str]
     ) -> list[tuple[str, str] | None]: ...
-    def apply_trace(self, trace_json: str, *, postprocess: bool = False) -> str: ...
+    def apply_trace(
+        self, trace_json: str, *, postprocess: bool = False, gpu: GpuTarget | None = None
+    ) -> str: ...
     def extract_features(self, trace_jsons: list[str]) -> list[npt.NDArray[np.float32]]: ...
     def extract_features_each(
         self, trace_jsons: list[str], *, postprocess: bool = False

@@ -26,6 +26,7 @@
 
 mod error;
 mod features;
+mod gpu_target;
 mod model;
 mod partition;
 mod program;
@@ -40,6 +41,7 @@ pub use features::{
     code_sizes, extract_all, extract_from_json, extract_made, extract_traces, lowered_text,
     N_FEATURES,
 };
+pub use gpu_target::GpuTarget;
 pub use model::analytical::{estimate_cycles, score as analytical_scores};
 pub use model::sketch_features::{sketch_features, SKETCH_FEATURES, SKETCH_FEATURE_NAMES};
 pub use model::{Forest, HybridScorer};
@@ -50,7 +52,7 @@ pub use partition::{
 };
 pub use program::{summary as program_summary, Program};
 pub use rng::Rng;
-pub use schedule::{apply_trace, apply_trace_to, Trace};
+pub use schedule::{apply_trace, apply_trace_to, apply_trace_to_gpu, Trace};
 pub use search::annealing::{anneal, AnnealingConfig};
 pub use search::evolution::{evolve, EvolutionConfig};
 pub use search::{coarse_shape, structure, Proposal, Role, Scorer, SearchContext};

@@ -27,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<program::Program>()?;
     m.add_class::<target::Target>()?;
+    m.add_class::<target::PyGpuTarget>()?;
     m.add_class::<forest::Forest>()?;
     m.add_class::<tvm_values::TraceReader>()?;
     m.add_function(wrap_pyfunction!(partition::partition_graph, m)?)?;

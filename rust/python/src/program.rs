@@ -5,10 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
-    analytical_scores, anneal, apply_trace_to, code_sizes, emit, evolve, extract_all, extract_made,
-    extract_traces, program_summary, sample_genomes, sample_traces, sketch_features, transfer,
-    transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
-    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
+    analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, evolve,
+    extract_all, extract_made, extract_traces, program_summary, sample_genomes, sample_traces,
+    sketch_features, transfer, transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig,
+    Genome, HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::errors::{guarded, to_py, InternalError};
 use crate::forest::Forest;
-use crate::target::Target;
+use crate::target::{PyGpuTarget, Target};
 use crate::tvm_values::TraceReader;
 
 /// The imported program and its sketch space, built on first use (replay and features do
@@ -290,17 +290,21 @@ impl Program {
 
     /// Replays a MetaSchedule trace (JSON) and returns the loop-nest JSON of the result. With
     /// `postprocess`, the trace's instructions after `EnterPostproc` are skipped and the
-    /// engine's own CPU postprocessors run instead.
-    #[pyo3(signature = (trace_json, *, postprocess = false))]
+    /// engine's own postprocessors run instead: MetaSchedule's CUDA set when `gpu` is given,
+    /// else its CPU set.
+    #[pyo3(signature = (trace_json, *, postprocess = false, gpu = None))]
     fn apply_trace(
         &self,
         py: Python<'_>,
         trace_json: String,
         postprocess: bool,
+        gpu: Option<PyRef<'_, PyGpuTarget>>,
     ) -> PyResult<String> {
         let imported = Arc::clone(&self.imported);
-        guarded(py, "Program.apply_trace", move || {
-            apply_trace_to(&imported.program, &trace_json, postprocess)
+        let gpu = gpu.map(|g| g.gpu.clone());
+        guarded(py, "Program.apply_trace", move || match &gpu {
+            Some(target) => apply_trace_to_gpu(&imported.program, &trace_json, target, postprocess),
+            None => apply_trace_to(&imported.program, &trace_json, postprocess),
         })
     }
 

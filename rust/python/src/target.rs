@@ -1,6 +1,8 @@
-//! `Target`: the CPU facts the search and the analytical model use, built once per task.
+//! `Target`: the CPU facts the search and the analytical model use, built once per task;
+//! `GpuTarget`: a CUDA target's limits, for the schedule engine's CUDA postprocessors.
 
-use fastsearch_core::CpuTarget;
+use fastsearch_core::{CpuTarget, GpuTarget};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// A CPU target as the search sees it: cores, SIMD width in bytes (32 for AVX2, 64 for
@@ -59,6 +61,68 @@ impl Target {
             self.cpu.vector_bytes,
             self.cpu.fma_per_cycle,
             self.cpu.parallel_speedup
+        )
+    }
+}
+
+/// A CUDA target as the schedule engine sees it: the limits MetaSchedule's CUDA postprocessors
+/// read (threads per block, warp size, shared memory per block in bytes).
+#[pyclass(frozen, module = "fastsearch._core", name = "GpuTarget")]
+pub struct PyGpuTarget {
+    pub gpu: GpuTarget,
+}
+
+#[pymethods]
+impl PyGpuTarget {
+    #[new]
+    #[pyo3(signature = (*, max_threads_per_block, warp_size, max_shared_memory_per_block))]
+    #[pyo3(text_signature = "(*, max_threads_per_block, warp_size, max_shared_memory_per_block)")]
+    fn new(
+        max_threads_per_block: i64,
+        warp_size: i64,
+        max_shared_memory_per_block: i64,
+    ) -> PyResult<Self> {
+        for (name, v) in [
+            ("max_threads_per_block", max_threads_per_block),
+            ("warp_size", warp_size),
+            ("max_shared_memory_per_block", max_shared_memory_per_block),
+        ] {
+            if v <= 0 {
+                return Err(PyValueError::new_err(format!(
+                    "{name} must be positive, got {v}"
+                )));
+            }
+        }
+        Ok(PyGpuTarget {
+            gpu: GpuTarget::new(
+                max_threads_per_block,
+                warp_size,
+                max_shared_memory_per_block,
+            ),
+        })
+    }
+
+    #[getter]
+    fn max_threads_per_block(&self) -> i64 {
+        self.gpu.max_threads_per_block
+    }
+
+    #[getter]
+    fn warp_size(&self) -> i64 {
+        self.gpu.warp_size
+    }
+
+    #[getter]
+    fn max_shared_memory_per_block(&self) -> i64 {
+        self.gpu.max_shared_memory_per_block
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GpuTarget(max_threads_per_block={}, warp_size={}, max_shared_memory_per_block={})",
+            self.gpu.max_threads_per_block,
+            self.gpu.warp_size,
+            self.gpu.max_shared_memory_per_block
         )
     }
 }

@@ -309,3 +309,47 @@ pub fn cache_read(
     st.insert(parent, pos, node);
     Ok(blk)
 }
+
+/// `set_scope`: the buffer `b` writes at `index` moves to storage `scope`, renamed
+/// `<name>_<scope>` as TVM renames it. Like TVM, a buffer already in `scope` is left alone, and
+/// only a buffer the function allocates can move; its accesses are unchanged.
+pub fn set_scope(st: &mut State, b: BlockId, index: i64, scope: &str) -> Result<()> {
+    const K: &str = "SetScope";
+    let writes = &st.blocks[b].block.writes;
+    let buffer = usize::try_from(index)
+        .ok()
+        .and_then(|i| writes.get(i))
+        .map(|a| a.buffer)
+        .ok_or_else(|| {
+            Error::schedule(
+                K,
+                format!(
+                    "block {} has no write buffer {index}",
+                    st.blocks[b].block.name
+                ),
+            )
+        })?;
+    if st.buffers[buffer].scope == scope {
+        return Ok(());
+    }
+    if st.is_param(buffer) {
+        return Err(Error::schedule(
+            K,
+            format!(
+                "buffer {} is a function parameter, not an allocation",
+                st.buffers[buffer].name
+            ),
+        ));
+    }
+    let known = ["global", "shared", "shared.dyn", "local", "warp"];
+    if !known.contains(&scope) {
+        return Err(Error::schedule(
+            K,
+            format!("unsupported storage scope {scope:?}"),
+        ));
+    }
+    let moved = &mut st.buffers[buffer];
+    moved.name = format!("{}_{scope}", moved.name);
+    moved.scope = scope.to_string();
+    Ok(())
+}

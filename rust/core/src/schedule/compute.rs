@@ -8,18 +8,56 @@ use super::state::{BlockId, Child, LoopId, State};
 use crate::error::{Error, Result};
 use crate::program::{Access, Expr, IterKind, Store};
 
-/// For a block `b` under loop path `path`, the ranges of the loops strictly inside `target`.
-fn inner_ranges(st: &State, b: BlockId, target: LoopId) -> Ranges {
+/// For a block `b`, the ranges of the loops strictly inside `target`, and, for a buffer in
+/// `scope` below global memory, of the thread-bound loops above `target` that the buffer is
+/// shared across (TVM's `LoopDomainOfSRefTreePath` with an extra relax scope): a shared cache
+/// computed under `threadIdx` holds what every thread of the block reads.
+fn inner_ranges(st: &State, b: BlockId, target: LoopId, scope: Option<&str>) -> Ranges {
     let loops = st.loops_of(b);
     let start = loops
         .iter()
         .position(|&l| l == target)
         .map(|i| i + 1)
         .unwrap_or(0);
-    loops[start..]
+    let shared_across = |l: LoopId| match (scope, &st.loops[l].thread) {
+        (Some(scope), Some(thread)) => can_relax_under_thread(scope, thread),
+        _ => false,
+    };
+    loops[..start]
         .iter()
-        .map(|&l| (st.loops[l].var.clone(), st.loops[l].extent))
+        .copied()
+        .filter(|&l| shared_across(l))
+        .chain(loops[start..].iter().copied())
+        .map(|l| (st.loops[l].var.clone(), st.loops[l].extent))
         .collect()
+}
+
+/// Whether a buffer in storage `scope` is shared by the threads of loops bound to `thread`, so
+/// that a region computed for one of them must cover them all (TVM's
+/// `CanRelaxStorageUnderThread`: storage rank at most the thread's rank; warp memory only
+/// across `threadIdx.x`). Global memory is never relaxed this way.
+pub(super) fn can_relax_under_thread(scope: &str, thread: &str) -> bool {
+    let storage_rank = match scope.split('.').next().unwrap_or("") {
+        "" | "global" => return false,
+        "shared" => 1,
+        "warp" => return thread == "threadIdx.x",
+        "local" => 3,
+        _ => 4,
+    };
+    let thread_rank = if thread.starts_with("vthread") || thread == "cthread" {
+        1
+    } else if thread.starts_with("blockIdx.") {
+        0
+    } else if thread.starts_with("threadIdx.") {
+        1
+    } else if thread.starts_with("clusterCtaIdx.") {
+        2
+    } else if thread.starts_with("preferredClusterCtaIdx.") {
+        3
+    } else {
+        return false;
+    };
+    storage_rank <= thread_rank
 }
 
 /// Per buffer and dimension, the union of intervals `accesses` cover, relaxed over the loops
@@ -36,7 +74,6 @@ fn required_regions(
     let mut out: BTreeMap<usize, Vec<Option<SymInterval>>> = BTreeMap::new();
     for &rb in blocks {
         let sb = &st.blocks[rb];
-        let relaxed = inner_ranges(st, rb, target);
         let map = |v: &str| sb.binding_of(v);
         let accesses = if writes {
             &sb.block.writes
@@ -44,6 +81,9 @@ fn required_regions(
             &sb.block.reads
         };
         for acc in accesses.iter().filter(|a| buffers.contains(&a.buffer)) {
+            // Only compute_at relaxes by storage scope; reverse_compute_at relaxes the path alone.
+            let scope = (!writes).then(|| st.buffers[acc.buffer].scope.as_str());
+            let relaxed = inner_ranges(st, rb, target, scope);
             let dims = out
                 .entry(acc.buffer)
                 .or_insert_with(|| vec![None; acc.region.len()]);

@@ -158,7 +158,11 @@ pub fn fuse(st: &mut State, loops: &[LoopId], _preserve_unit_iters: bool) -> Res
     let total = extents
         .iter()
         .try_fold(1i64, |a, &e| a.checked_mul(e))
-        .ok_or_else(|| Error::schedule(I, "fused extent overflows"))?;
+        .filter(|&t| t <= i64::from(i32::MAX))
+        .ok_or_else(|| {
+            // TVM's loop variables are 32-bit: its fused loop would silently wrap around.
+            Error::schedule(I, "the fused extent overflows a 32-bit loop variable")
+        })?;
     let parent = st.loops[outer].parent;
     let pos = st.position(Child::Loop(outer))?;
     let children = std::mem::take(&mut st.loops[inner].children);

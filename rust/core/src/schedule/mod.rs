@@ -9,11 +9,13 @@
 //! * [`reduction`] — decompose_reduction, rfactor.
 //! * [`trace`] — trace JSON and replay.
 //! * [`postproc`] — RewriteParallelVectorizeUnroll and RewriteReductionBlock.
+//! * [`gpu_postproc`] — the CUDA postprocessors RewriteCooperativeFetch and RewriteUnboundBlock.
 //! * [`nest`] — the loop-nest description compared against TVM.
 
 pub mod arith;
 pub mod cache;
 pub mod compute;
+pub mod gpu_postproc;
 pub mod loops;
 pub mod nest;
 pub mod postproc;
@@ -28,6 +30,7 @@ pub use state::State;
 pub use trace::Trace;
 
 use crate::error::Result;
+use crate::gpu_target::GpuTarget;
 use crate::program::Program;
 
 /// Replays `trace_json` on the program and returns the loop-nest JSON. With `postprocess`, the
@@ -42,5 +45,19 @@ pub fn apply_trace_to(program: &Program, trace_json: &str, postprocess: bool) ->
     let trace = Trace::from_json(trace_json)?;
     let mut st = State::from_program(program)?;
     trace::apply_trace(&mut st, &trace, postprocess)?;
+    Ok(nest::loop_nest(&st).to_string())
+}
+
+/// [`apply_trace_to`] for a CUDA target: with `postprocess`, MetaSchedule's CUDA
+/// postprocessors replace the trace's postprocessing instructions.
+pub fn apply_trace_to_gpu(
+    program: &Program,
+    trace_json: &str,
+    target: &GpuTarget,
+    postprocess: bool,
+) -> Result<String> {
+    let trace = Trace::from_json(trace_json)?;
+    let mut st = State::from_program(program)?;
+    trace::apply_trace_gpu(&mut st, &trace, target, postprocess)?;
     Ok(nest::loop_nest(&st).to_string())
 }

@@ -225,7 +225,8 @@ pub fn rewrite_reduction_block(st: &mut State) -> Result<()> {
     loop {
         let mut rewritten = 0;
         for b in st.all_blocks() {
-            if st.blocks[b].block.init.is_none() {
+            // A reduction bound to threads is lowered as a cross-thread reduction instead.
+            if st.blocks[b].block.init.is_none() || reduces_over_threads(st, b) {
                 continue;
             }
             let ls = st.loops_of(b);
@@ -241,4 +242,26 @@ pub fn rewrite_reduction_block(st: &mut State) -> Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Whether a reduction variable of block `b` is bound to a loop bound to `threadIdx` or
+/// `blockIdx` (TVM's RewriteReductionBlock leaves such blocks alone).
+fn reduces_over_threads(st: &State, b: BlockId) -> bool {
+    let bound: Vec<&str> = st
+        .loops_of(b)
+        .into_iter()
+        .filter(|&l| {
+            st.loops[l]
+                .thread
+                .as_deref()
+                .is_some_and(|t| t.starts_with("threadIdx.") || t.starts_with("blockIdx."))
+        })
+        .map(|l| st.loops[l].var.as_str())
+        .collect();
+    let sb = &st.blocks[b];
+    sb.block
+        .iter_vars
+        .iter()
+        .zip(&sb.bindings)
+        .any(|(iv, e)| iv.kind == IterKind::Reduce && bound.iter().any(|v| arith::uses_var(e, v)))
 }

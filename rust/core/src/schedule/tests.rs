@@ -244,3 +244,33 @@ fn a_database_line_reads_as_its_trace() {
     );
     assert!(Trace::from_json("[0, []]").is_err());
 }
+
+#[test]
+fn storage_is_relaxed_across_the_threads_that_share_it() {
+    use super::compute::can_relax_under_thread;
+    // Shared memory is shared by a block's threads and virtual threads, not across blocks.
+    assert!(can_relax_under_thread("shared", "threadIdx.x"));
+    assert!(can_relax_under_thread("shared", "vthread.x"));
+    assert!(can_relax_under_thread("shared.dyn", "threadIdx.y"));
+    assert!(!can_relax_under_thread("shared", "blockIdx.x"));
+    // Local memory belongs to one thread; global memory is never relaxed this way.
+    assert!(!can_relax_under_thread("local", "threadIdx.x"));
+    assert!(!can_relax_under_thread("global", "threadIdx.x"));
+    assert!(!can_relax_under_thread("", "blockIdx.x"));
+    // Warp memory only across threadIdx.x.
+    assert!(can_relax_under_thread("warp", "threadIdx.x"));
+    assert!(!can_relax_under_thread("warp", "threadIdx.y"));
+}
+
+#[test]
+fn a_fuse_past_32_bits_is_refused() {
+    let mut st = state(65536);
+    let c = st.block_by_name("C").unwrap();
+    let ls = st.loops_of(c);
+    // 65536 * 65536 = 2^32 iterations: TVM's 32-bit loop variable would wrap around.
+    let err = loops::fuse(&mut st, &ls[..2], true).unwrap_err();
+    assert!(err.to_string().contains("32-bit"), "{err}");
+    let parts = loops::split(&mut st, ls[0], &[Some(256), None], true, false).unwrap();
+    let fused = loops::fuse(&mut st, &parts, true).unwrap();
+    assert_eq!(st.loops[fused].extent, 65536);
+}

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::state::{BlockId, LoopId, State};
-use super::{cache, compute, loops, postproc, reduction};
+use super::state::{BlockId, Child, LoopId, State};
+use super::{cache, compute, gpu_postproc, loops, postproc, reduction};
 use crate::error::{Error, Result};
+use crate::gpu_target::GpuTarget;
 use crate::program::LoopKind;
 use crate::rng::Rng;
 
@@ -183,6 +184,20 @@ pub struct Replayer<'a> {
     pub rng: Rng,
     /// Instructions replayed after `EnterPostproc` are skipped when `skip_postproc` is set.
     pub skip_postproc: bool,
+    /// The thread bindings and cooperative-fetch annotations replayed, in trace order: what
+    /// RewriteCooperativeFetch reads from the trace.
+    pub fetch_events: Vec<FetchEvent>,
+}
+
+/// A trace instruction RewriteCooperativeFetch reacts to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FetchEvent {
+    /// A loop bound to `threadIdx.x` (`x`) or `threadIdx.y` (not `x`).
+    Thread { x: bool, l: LoopId },
+    /// A block annotated for warp execution: threadIdx.x spans a warp.
+    Warp,
+    /// A block annotated `meta_schedule.cooperative_fetch` with a vector lane count.
+    Fetch { b: BlockId, lanes: i64 },
 }
 
 /// A literal input: a number, `null`, or a quoted string.
@@ -191,6 +206,8 @@ enum Lit {
     Int(i64),
     Float(f64),
     Str(String),
+    /// An array of integers, as MetaSchedule's software-pipeline annotations hold.
+    Ints(Vec<i64>),
     Null,
 }
 
@@ -201,6 +218,7 @@ impl<'a> Replayer<'a> {
             rvs: HashMap::new(),
             rng: Rng::new(0),
             skip_postproc: false,
+            fetch_events: Vec::new(),
         }
     }
 
@@ -248,6 +266,12 @@ impl<'a> Replayer<'a> {
                 Rv::Int(i) => Lit::Int(i),
                 other => return Err(Error::schedule(k, format!("{v} is {other:?}, not a value"))),
             },
+            Value::Array(a) => Lit::Ints(
+                a.iter()
+                    .map(|x| x.as_i64())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad(format!("{k}: unexpected input {v}")))?,
+            ),
             _ => return Err(bad(format!("{k}: unexpected input {v}"))),
         })
     }
@@ -427,13 +451,12 @@ impl<'a> Replayer<'a> {
             }
             "Bind" => {
                 let thread = Self::attr_str(k, &inst.attrs, 0)?.to_string();
-                loops::set_kind(
-                    self.st,
-                    k,
-                    self.lp(k, inp(0)?)?,
-                    LoopKind::ThreadBinding,
-                    Some(thread),
-                )?
+                let l = self.lp(k, inp(0)?)?;
+                if thread == "threadIdx.x" || thread == "threadIdx.y" {
+                    let x = thread == "threadIdx.x";
+                    self.fetch_events.push(FetchEvent::Thread { x, l });
+                }
+                loops::set_kind(self.st, k, l, LoopKind::ThreadBinding, Some(thread))?
             }
             // TVM keeps an existing annotation: annotating the same key again is a no-op.
             "Annotate" => {
@@ -442,10 +465,19 @@ impl<'a> Replayer<'a> {
                     Lit::Int(i) => json!(i),
                     Lit::Float(f) => json!(f),
                     Lit::Str(s) => json!(s),
+                    Lit::Ints(v) => json!(v),
                     Lit::Null => return Err(bad(format!("{k}: null annotation value"))),
                 };
                 match self.rv(k, inp(0)?)? {
                     Rv::Block(b) if self.st.blocks[b].alive => {
+                        match (key.as_str(), &value) {
+                            ("meta_schedule.cooperative_fetch", v) => {
+                                let lanes = v.as_i64().unwrap_or(1);
+                                self.fetch_events.push(FetchEvent::Fetch { b, lanes });
+                            }
+                            ("warp_execution", _) => self.fetch_events.push(FetchEvent::Warp),
+                            _ => {}
+                        }
                         self.st.blocks[b]
                             .block
                             .annotations
@@ -629,6 +661,21 @@ impl<'a> Replayer<'a> {
                 };
                 self.bind(k, &inst.outputs, vec![Rv::Block(nb)])?;
             }
+            "AddUnitLoop" => {
+                let target = match self.rv(k, inp(0)?)? {
+                    Rv::Block(b) if self.st.blocks[b].alive => Child::Block(b),
+                    Rv::Loop(l) if self.st.loops[l].alive => Child::Loop(l),
+                    _ => return Err(Error::schedule(k, "the target is not a live block or loop")),
+                };
+                let l = gpu_postproc::add_unit_loop(self.st, target)?;
+                self.bind(k, &inst.outputs, vec![Rv::Loop(l)])?;
+            }
+            "SetScope" => {
+                let b = self.block(k, inp(0)?)?;
+                let index = Self::attr_int(k, &inst.attrs, 0)?;
+                let scope = Self::attr_str(k, &inst.attrs, 1)?;
+                cache::set_scope(self.st, b, index, scope)?;
+            }
             "RFactor" => {
                 let l = self.lp(k, inp(0)?)?;
                 let axis = Self::attr_int(k, &inst.attrs, 0)?;
@@ -676,6 +723,29 @@ pub fn apply_trace(st: &mut State, trace: &Trace, postprocess: bool) -> Result<(
     r.skip_postproc = postprocess;
     r.replay(trace)?;
     if postprocess {
+        postproc::rewrite_parallel_vectorize_unroll(r.st)?;
+        postproc::rewrite_reduction_block(r.st)?;
+    }
+    Ok(())
+}
+
+/// Replays `trace` on the state for a CUDA `target`; with `postprocess`, stops at
+/// `EnterPostproc` and runs MetaSchedule's CUDA postprocessors in TVM's order instead
+/// (RewriteCooperativeFetch, RewriteUnboundBlock, RewriteParallelVectorizeUnroll,
+/// RewriteReductionBlock; DisallowDynamicLoop is the engine's refusal of dynamic extents).
+pub fn apply_trace_gpu(
+    st: &mut State,
+    trace: &Trace,
+    target: &GpuTarget,
+    postprocess: bool,
+) -> Result<()> {
+    let mut r = Replayer::new(st);
+    r.skip_postproc = postprocess;
+    r.replay(trace)?;
+    if postprocess {
+        let events = std::mem::take(&mut r.fetch_events);
+        gpu_postproc::rewrite_cooperative_fetch(r.st, &events, target)?;
+        gpu_postproc::rewrite_unbound_block(r.st, target)?;
         postproc::rewrite_parallel_vectorize_unroll(r.st)?;
         postproc::rewrite_reduction_block(r.st)?;
     }

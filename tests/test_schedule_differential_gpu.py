@@ -1,0 +1,280 @@
+"""Differential test of the schedule engine against TVM on CUDA schedules (no GPU needed).
+
+The CUDA counterpart of ``test_schedule_differential.py``. Each case is a trace TVM applied to a
+workload of the te_workload suite (every family, every listed shape), from two sources:
+
+* TVM's CUDA design spaces (multi-level tiling SSSRRSRS bound to blockIdx/vthread/threadIdx,
+  shared-memory read caches with cooperative fetch, local write caches, cross-thread
+  reduction, auto-bind, unroll; on sm_90 also the software-pipelined variants), re-sampled
+  with fresh random decisions, on two targets: the H100 tag (sm_90) and a smaller sm_75 GPU;
+* random sequences of primitives built through TVM's schedule API, with random thread
+  bindings, which leave blocks unbound for RewriteUnboundBlock to bind.
+
+For every trace, the loop nests (loop order, extents, kinds, thread bindings, annotations,
+block placement, allocated buffers with their storage scopes) are compared three ways:
+
+* ``pre``: the trace before postprocessing, replayed by our engine;
+* ``post-replay``: the trace after TVM's CUDA postprocessors (DisallowDynamicLoop,
+  RewriteCooperativeFetch, RewriteUnboundBlock, RewriteParallelVectorizeUnroll,
+  RewriteReductionBlock), replayed by our engine;
+* ``post-ours``: the pre-postprocessing trace with the engine's own CUDA postprocessors.
+
+Where TVM's postprocessors refuse a schedule (a dynamic loop, or an unsupported binding), the
+engine's postprocessors must refuse it too, with ``ScheduleError``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fastsearch
+import pytest
+import tvm
+from fastsearch import _core
+from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
+from fastsearch.ir.tir_import import program_json
+from fastsearch.ir.tune_context import tune_context
+from test_schedule_differential import _OPS as CPU_OPS
+from test_schedule_differential import FAMILIES, Case, _is_dynamic
+from tvm import s_tir
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing import te_workload
+
+pytestmark = pytest.mark.slow
+
+#: The H100's tag (sm_90: the software-pipelined spaces too) and a smaller GPU (sm_75).
+TARGETS = {
+    "sm_90": tvm.target.Target("nvidia/nvidia-h100"),
+    "sm_75": tvm.target.Target(
+        {
+            "kind": "cuda",
+            "arch": "sm_75",
+            "max_threads_per_block": 1024,
+            "max_shared_memory_per_block": 49152,
+            "thread_warp_size": 32,
+        }
+    ),
+}
+#: Fresh random decisions per design space and target: 53 workloads x ~2.9 spaces x 2 targets x 3.
+SEEDS = (1, 2, 3)
+#: TVM's default CUDA postprocessors but VerifyGPUCode (which only accepts or rejects).
+SCHEDULING_POSTPROCS = (
+    "DisallowDynamicLoop",
+    "RewriteCooperativeFetch",
+    "RewriteUnboundBlock",
+    "RewriteParallelVectorizeUnroll",
+    "RewriteReductionBlock",
+)
+
+
+@dataclass
+class GpuCase(Case):
+    """A case with the outcome of TVM's CUDA postprocessors: "ok", "refused" or "error"."""
+
+    postprocessed: str = "ok"
+
+
+def gpu_target(target: tvm.target.Target) -> _core.GpuTarget:
+    attrs = target.attrs
+    return _core.GpuTarget(
+        max_threads_per_block=int(attrs["max_threads_per_block"]),
+        warp_size=int(attrs["thread_warp_size"]),
+        max_shared_memory_per_block=int(attrs["max_shared_memory_per_block"]),
+    )
+
+
+def _context(func: Any, target: tvm.target.Target, design_spaces: bool) -> ms.TuneContext:
+    space = None
+    if design_spaces:
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
+            postprocs=ms.postproc.Postproc.create("cuda"),
+            mutator_probs={},
+        )
+    return tune_context(func, target, space=space, task_name="x")
+
+
+def _postprocess(ctx: ms.TuneContext, sch: s_tir.Schedule) -> str:
+    """TVM's CUDA postprocessors (VerifyGPUCode left out) on ``sch``: ``"ok"``, ``"refused"``
+    where one returns False, or ``"error"`` where one raises (RewriteUnboundBlock finds blocks by
+    name, so two blocks of one name from the fuzzer's cache reads break it; it also asserts
+    that no block has blockIdx without threadIdx). An error leaves nothing to compare."""
+    posts = [p for p in ms.postproc.Postproc.create("cuda") if type(p).__name__ in SCHEDULING_POSTPROCS]
+    assert len(posts) == len(SCHEDULING_POSTPROCS)
+    for p in posts:
+        p._initialize_with_tune_context(ctx)
+    try:
+        return "ok" if all(p.apply(sch) for p in posts) else "refused"
+    except (tvm.error.InternalError, s_tir.ScheduleError, ValueError):
+        return "error"
+
+
+def _case(
+    workload: str, source: str, func: Any, sch: s_tir.Schedule, ctx: ms.TuneContext, label: str
+) -> GpuCase:
+    case = GpuCase(
+        workload=workload,
+        source=source,
+        func=func,
+        pre_trace=trace_json(sch.trace),
+        pre_nest=loop_nest_from_tvm(sch.mod["main"]),
+        label=label,
+    )
+    outcome = _postprocess(ctx, sch)
+    if outcome == "ok":
+        case.post_trace = trace_json(sch.trace)
+        case.post_nest = loop_nest_from_tvm(sch.mod["main"])
+    case.postprocessed = outcome
+    return case
+
+
+def design_space_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase]]:
+    """TVM's CUDA design spaces of ``func`` on each target, re-sampled under several seeds."""
+    for tname, target in TARGETS.items():
+        ctx = _context(func, target, design_spaces=True)
+        for si, space in enumerate(ctx.generate_design_space()):
+            for seed in SEEDS:
+                sch = s_tir.Schedule(func, seed=seed)
+                s_tir.Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=False)
+                yield (
+                    tname,
+                    _case(workload, "design-space", func, sch, ctx, f"{tname} space {si} seed {seed}"),
+                )
+
+
+def _op_bind(sch: Any, rng: random.Random) -> None:
+    blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    loops = list(sch.get_loops(rng.choice(blocks)))
+    if not loops:
+        raise ValueError("block without loops")
+    i = rng.randrange(len(loops))
+    sch.bind(loops[i], "blockIdx.x" if i == 0 and rng.random() < 0.7 else "threadIdx.x")
+
+
+def _check_extents(sch: Any) -> None:
+    """Refuses a schedule whose loops around a block iterate 2**31 times or more: TVM's 32-bit
+    loop variables would wrap around when they are fused (the engine refuses such a fuse)."""
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        total = 1
+        for loop in sch.get_loops(block):
+            total *= int(sch.get(loop).extent)
+        if total > 2**31 - 1:
+            raise ValueError("the loops around a block iterate more than 2**31 - 1 times")
+
+
+#: The CPU fuzzer's primitives with thread bindings in place of parallel/vectorize/unroll.
+GPU_OPS = [op for op in CPU_OPS if op.__name__ != "_op_kind"] + [_op_bind, _op_bind]
+FUZZ_TRACES_PER_WORKLOAD = 6
+FUZZ_STEPS = 8
+
+
+def random_primitive_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase]]:
+    """Random primitive sequences TVM accepts, with random thread bindings, on the H100."""
+    target = TARGETS["sm_90"]
+    ctx = _context(func, target, design_spaces=False)
+    for t in range(FUZZ_TRACES_PER_WORKLOAD):
+        rng = random.Random(f"gpu/{workload}/{t}")
+        sch = s_tir.Schedule(func)
+        for _ in range(FUZZ_STEPS):
+            before = sch.trace.as_json()
+            try:
+                rng.choice(GPU_OPS)(sch, rng)
+                _check_extents(sch)
+            except (RuntimeError, ValueError, IndexError, TypeError):  # refused: back to before the step
+                sch = s_tir.Schedule(func)
+                s_tir.Trace.apply_json_to_schedule(before, sch)
+        yield "sm_90", _case(workload, "random-primitives", func, sch, ctx, f"sequence {t}")
+
+
+TRACE_SOURCES: list[Callable[[str, Any], Iterator[tuple[str, GpuCase]]]] = [
+    design_space_traces,
+    random_primitive_traces,
+]
+
+
+def _compare(
+    case: GpuCase, trace: str, expected: dict[str, Any] | None, gpu: _core.GpuTarget | None
+) -> str | None:
+    """``None`` when the engine agrees with TVM (``expected`` None: TVM refused the schedule)."""
+    refused = expected is None or _is_dynamic(expected)
+    try:
+        got = json.loads(
+            _core.Program(program_json(case.func)).apply_trace(trace, postprocess=gpu is not None, gpu=gpu)
+        )
+    except fastsearch.ScheduleError as e:
+        return None if refused else f"engine refused the trace: {e}"
+    except fastsearch.FastsearchError as e:
+        return f"engine failed: {type(e).__name__}: {e}"
+    if refused:
+        return "TVM refused the schedule but the engine accepted it"
+    assert expected is not None
+    return first_difference(expected, got)
+
+
+_RESULTS: dict[str, list[tuple[GpuCase, str, str | None]]] = {}
+
+
+def _family_results(family: str) -> list[tuple[GpuCase, str, str | None]]:
+    if family not in _RESULTS:
+        out = []
+        for idx in range(len(te_workload.CONFIGS[family][1])):
+            func = te_workload.create_te_workload(family, idx)
+            for source in TRACE_SOURCES:
+                for tname, case in source(f"{family}[{idx}]", func):
+                    out.append((case, "pre", _compare(case, case.pre_trace, case.pre_nest, None)))
+                    if case.post_trace is not None:
+                        out.append(
+                            (case, "post-replay", _compare(case, case.post_trace, case.post_nest, None))
+                        )
+                    if case.postprocessed != "error" and not _is_dynamic(case.pre_nest):
+                        gpu = gpu_target(TARGETS[tname])
+                        out.append((case, "post-ours", _compare(case, case.pre_trace, case.post_nest, gpu)))
+        _RESULTS[family] = out
+    return _RESULTS[family]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_matches_tvm_on_cuda(family: str) -> None:
+    results = _family_results(family)
+    traces = {id(c) for c, _, _ in results}
+    assert len(traces) >= 20, f"{family}: only {len(traces)} traces"
+    by_source = collections.Counter(c.source for c in {id(c): c for c, _, _ in results}.values())
+    failures = [(c, mode, d) for c, mode, d in results if d is not None]
+    by_mode = collections.Counter(mode for _, mode, _ in results)
+    failed_by_mode = collections.Counter(mode for _, mode, _ in failures)
+    summary = ", ".join(f"{m} {by_mode[m] - failed_by_mode[m]}/{by_mode[m]}" for m in sorted(by_mode))
+    print(f"\n{family}: {len(traces)} traces ({dict(by_source)}); {summary}")
+    if failures:
+        case, mode, diff = failures[0]
+        trace = case.pre_trace if mode != "post-replay" else case.post_trace
+        pytest.fail(
+            f"{len(failures)} of {len(results)} comparisons differ ({summary}). First: workload {case.workload} "
+            f"({case.source}, {case.label}), mode {mode}: {diff}\ntrace: {trace}"
+        )
+
+
+def test_at_least_600_cuda_traces() -> None:
+    total = sum(len({id(c) for c, _, _ in _family_results(f)}) for f in FAMILIES)
+    assert total >= 600, f"only {total} traces across the suite"
+
+
+def test_the_unbound_block_rewrite_is_exercised() -> None:
+    """The random sequences leave blocks unbound, so post-ours really runs RewriteUnboundBlock:
+    at least a few dozen of their postprocessed nests bind a loop the trace did not."""
+    rewritten = 0
+    for family in FAMILIES:
+        for case, mode, diff in _family_results(family):
+            if mode == "post-ours" and case.source == "random-primitives" and diff is None:
+                pre, post = json.dumps(case.pre_nest), json.dumps(case.post_nest)
+                rewritten += post.count('"blockIdx.x"') > pre.count('"blockIdx.x"')
+    assert rewritten >= 30, f"only {rewritten} random sequences had blocks bound by RewriteUnboundBlock"
+
+
+def test_gpu_target_rejects_non_positive_limits() -> None:
+    with pytest.raises(ValueError, match="warp_size"):
+        _core.GpuTarget(max_threads_per_block=1024, warp_size=0, max_shared_memory_per_block=49152)
