@@ -149,11 +149,25 @@ def design_space_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase
 
 def _op_bind(sch: Any, rng: random.Random) -> None:
     blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
-    loops = list(sch.get_loops(rng.choice(blocks)))
+    blocks_of_loop = rng.choice(blocks)
+    loops = list(sch.get_loops(blocks_of_loop))
     if not loops:
         raise ValueError("block without loops")
     i = rng.randrange(len(loops))
-    sch.bind(loops[i], "blockIdx.x" if i == 0 and rng.random() < 0.7 else "threadIdx.x")
+    tag = "blockIdx.x" if i == 0 and rng.random() < 0.7 else "threadIdx.x"
+    # Loops of one tag with different extents, or nested in one another, are no kernel TVM
+    # lowers correctly: LiftThreadBinding silently gives them all one loop's extent, and
+    # VerifyGPUCode then passes what computes the wrong result (the engine rejects it). The
+    # fuzzer leaves them out, so that both verdicts mean the same thing.
+    extent = int(sch.get(loops[i]).extent)
+    for block in blocks:
+        for j, other in enumerate(sch.get_loops(block)):
+            binding = sch.get(other).thread_binding
+            if binding is None or str(binding.thread_tag) != tag:
+                continue
+            if int(sch.get(other).extent) != extent or (block == blocks_of_loop and j != i):
+                raise ValueError(f"another loop is bound to {tag}")
+    sch.bind(loops[i], tag)
 
 
 def _check_extents(sch: Any) -> None:

@@ -34,6 +34,7 @@ mod rng;
 mod schedule;
 mod search;
 mod sketch;
+mod verify_gpu;
 
 pub use error::{Error, Result};
 pub use features::code_size::{CodeSize, CODE_SIZE_NAMES};
@@ -60,3 +61,4 @@ pub use sketch::{
     emit, mutate, sample as sample_traces, sample_genomes, transfer, transfer_from_sibling,
     CpuTarget, Genome, Rule, SketchSpace, WriteCache,
 };
+pub use verify_gpu::{verify_trace_gpu, verify_traces_gpu};

@@ -7,8 +7,9 @@ use std::sync::{Arc, OnceLock};
 use fastsearch_core::{
     analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, evolve,
     extract_all, extract_made, extract_traces, program_summary, sample_genomes, sample_traces,
-    sketch_features, transfer, transfer_from_sibling, AnnealingConfig, Error, EvolutionConfig,
-    Genome, HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
+    sketch_features, transfer, transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error,
+    EvolutionConfig, Genome, HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES,
+    SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -305,6 +306,30 @@ impl Program {
         guarded(py, "Program.apply_trace", move || match &gpu {
             Some(target) => apply_trace_to_gpu(&imported.program, &trace_json, target, postprocess),
             None => apply_trace_to(&imported.program, &trace_json, postprocess),
+        })
+    }
+
+    /// VerifyGPUCode's verdict on each trace for the CUDA target `gpu`, after the engine's CUDA
+    /// postprocessors: `None` where the candidate passes, else why it fails (the verifier's
+    /// reason, or the postprocessors' refusal). An unreadable trace raises `InvalidTrace`.
+    #[pyo3(signature = (trace_jsons, *, gpu))]
+    fn verify_gpu(
+        &self,
+        py: Python<'_>,
+        trace_jsons: Vec<String>,
+        gpu: PyRef<'_, PyGpuTarget>,
+    ) -> PyResult<Vec<Option<String>>> {
+        let imported = Arc::clone(&self.imported);
+        let target = gpu.gpu.clone();
+        guarded(py, "Program.verify_gpu", move || {
+            verify_traces_gpu(&imported.program, &trace_jsons, &target)
+                .into_iter()
+                .map(|r| match r {
+                    Ok(verdict) => Ok(verdict),
+                    Err(e @ Error::Schedule { .. }) => Ok(Some(e.to_string())),
+                    Err(e) => Err(e),
+                })
+                .collect()
         })
     }
 

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use super::index::{gcd, Canon, Extents, Index, Split, Sum};
 use crate::error::{Error, Result};
 use crate::program::{BinOp, Expr, LoopKind};
+use crate::schedule::compute::can_relax_under_thread;
 use crate::schedule::state::{Child, State};
 
 #[derive(Clone, Debug)]
@@ -381,7 +382,19 @@ pub fn lower(st: &State) -> Result<Lowered> {
             depth = depth.min(p.iter().zip(first).take_while(|(a, b)| a == b).count());
         }
         let lca: Vec<usize> = first[..depth].to_vec();
-        let outer_vars: Vec<String> = lca.iter().map(|&l| loops[l].var.clone()).collect();
+        // A buffer shared by the threads of a loop (shared memory across threadIdx) holds what
+        // all of them access: CompactBufferAllocation relaxes those thread loops too.
+        let scope = st.buffers[buf].scope.as_str();
+        let outer_vars: Vec<String> = lca
+            .iter()
+            .filter(|&&l| {
+                !loops[l]
+                    .thread
+                    .as_deref()
+                    .is_some_and(|t| can_relax_under_thread(scope, t))
+            })
+            .map(|&l| loops[l].var.clone())
+            .collect();
         allocs.push(LAlloc {
             buffer: buf,
             loops: lca,

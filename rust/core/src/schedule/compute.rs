@@ -36,7 +36,7 @@ fn inner_ranges(st: &State, b: BlockId, target: LoopId, scope: Option<&str>) -> 
 /// that a region computed for one of them must cover them all (TVM's
 /// `CanRelaxStorageUnderThread`: storage rank at most the thread's rank; warp memory only
 /// across `threadIdx.x`). Global memory is never relaxed this way.
-pub(super) fn can_relax_under_thread(scope: &str, thread: &str) -> bool {
+pub fn can_relax_under_thread(scope: &str, thread: &str) -> bool {
     let storage_rank = match scope.split('.').next().unwrap_or("") {
         "" | "global" => return false,
         "shared" => 1,

@@ -297,8 +297,40 @@ pub fn reorder(st: &mut State, ordered: &[LoopId]) -> Result<()> {
     Ok(())
 }
 
-/// Marks a loop parallel, vectorized, unrolled or thread-bound, with TVM's checks: no block
-/// under the loop may use it in a reduction iteration variable (unless bound to a thread).
+/// Why TVM's compact-dataflow check refuses to parallelize a loop over `block`: every block under
+/// the loop must be complete (spatial variables only, reading no buffer it writes) or a
+/// reduction (an init, spatial and reduction variables, outputs indexed without reduction
+/// variables). A reduction's update block after `decompose_reduction` is neither. (TVM also
+/// checks that the block dominates its outputs; that is not modelled.)
+fn not_compact_dataflow(block: &crate::program::Block) -> Option<&'static str> {
+    let kinds = || block.iter_vars.iter().map(|v| v.kind);
+    if kinds().all(|k| k == IterKind::Spatial) {
+        let overlap = block
+            .writes
+            .iter()
+            .any(|w| block.reads.iter().any(|r| r.buffer == w.buffer));
+        return overlap.then_some("reads a buffer it writes without being a reduction");
+    }
+    if block.init.is_none() {
+        return Some("has reduction variables but no init");
+    }
+    if kinds().any(|k| k == IterKind::Opaque) {
+        return Some("has opaque iteration variables");
+    }
+    let reduce_in_output = block.iter_vars.iter().any(|v| {
+        v.kind == IterKind::Reduce
+            && block.writes.iter().any(|w| {
+                w.region
+                    .iter()
+                    .any(|(min, _)| super::arith::uses_var(min, &v.name))
+            })
+    });
+    reduce_in_output.then_some("indexes its output with a reduction variable")
+}
+
+/// Marks a loop parallel, vectorized, unrolled or thread-bound, with TVM's checks: every block
+/// under the loop has compact dataflow, and none uses the loop in a reduction iteration
+/// variable (unless it is bound to a thread).
 pub fn set_kind(
     st: &mut State,
     inst: &str,
@@ -319,6 +351,12 @@ pub fn set_kind(
             .is_some_and(|t| t.starts_with("threadIdx"));
         for b in st.blocks_under(Some(l)) {
             let sb = &st.blocks[b];
+            if let Some(why) = not_compact_dataflow(&sb.block) {
+                return Err(Error::schedule(
+                    inst,
+                    format!("block {} under the loop {why}", sb.block.name),
+                ));
+            }
             for (iv, e) in sb.block.iter_vars.iter().zip(&sb.bindings) {
                 if super::arith::uses_var(e, &var)
                     && !(iv.kind == IterKind::Spatial || (iv.kind == IterKind::Reduce && reduce_ok))
