@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use serde::{Deserialize, Serialize};
 
 pub use emit::emit_gpu;
-pub use tiling::{accumulators, shared_bytes, threads_per_block, vthreads};
 
 use super::{sample_distinct, spatial_reduce_counts, BlockInfo, SketchSpace};
 use crate::gpu_target::GpuTarget;
@@ -377,6 +376,40 @@ impl GpuSketchSpace {
 }
 
 impl GpuSketchSpace {
+    /// The target limits `genome` breaks, described (empty when it respects them all): per
+    /// tiled block, threads within its annotation's bounds, virtual threads, the register
+    /// budget and shared memory; per bound block or cross-thread reduction, its threads.
+    pub fn limit_violations(&self, program: &Program, genome: &GpuGenome) -> Vec<String> {
+        let t = &self.target;
+        let mut out = Vec::new();
+        let name = |b: usize| program.blocks[b].name.clone();
+        for (&b, tiles) in &genome.tiles {
+            let threads = tiling::threads_per_block(program, b, tiles);
+            let low = tiling::min_threads(self, program, b);
+            if threads < low || threads > t.max_threads_per_block {
+                out.push(format!("{}: {threads} threads", name(b)));
+            }
+            let vthreads = tiling::vthreads(program, b, tiles);
+            if vthreads > t.max_vthread {
+                out.push(format!("{}: {vthreads} virtual threads", name(b)));
+            }
+            let acc = tiling::accumulators(program, b, tiles);
+            if acc > tiling::MAX_ACCUMULATORS {
+                out.push(format!("{}: {acc} accumulators per thread", name(b)));
+            }
+            let shared = tiling::shared_bytes(self, program, b, tiles);
+            if shared > t.max_shared_memory_per_block {
+                out.push(format!("{}: {shared} bytes of shared memory", name(b)));
+            }
+        }
+        for (&b, &threads) in &genome.threads {
+            if threads < 1 || threads > t.max_threads_per_block {
+                out.push(format!("{}: {threads} threads", name(b)));
+            }
+        }
+        out
+    }
+
     /// Draws a candidate and its trace, drawing again (up to [`REDRAWS`] times) while the
     /// schedule engine refuses the trace with MetaSchedule's CUDA postprocessors: a shared
     /// cache of a region indexed through a division (transposed convolutions) can have a

@@ -154,7 +154,7 @@ pub fn draw_tiles(
 
 /// Everything in the outer tiles but enough prime factors of the spatial loops, taken in a
 /// random order, in the thread tiles to reach the least thread count.
-fn fallback_tiles(
+pub(super) fn fallback_tiles(
     space: &GpuSketchSpace,
     program: &Program,
     block: usize,
