@@ -125,7 +125,9 @@ def test_the_structure_follows_the_cuda_rules() -> None:
     gt = gpu_target(TARGETS["sm_90"])
     gmm = _core.Program(program_json(te_workload.create_te_workload("GMM", 0))).sample_gpu_sketches(gt, 8, 1)
     for key in gmm:
-        assert all(s in key for s in ('"vthread.x"', '"shared"', '"local"', "meta_schedule.cooperative_fetch"))
+        assert all(
+            s in key for s in ('"vthread.x"', '"shared"', '"local"', "meta_schedule.cooperative_fetch")
+        )
         assert "meta_schedule.thread_extent_low_inclusive" in key
     sfm = _core.Program(program_json(te_workload.create_te_workload("SFM", 0))).sample_gpu_sketches(gt, 40, 1)
     assert any('"SetScope"' in key for key in sfm), "no reduction computed under its consumer"

@@ -205,7 +205,10 @@ def gpu_sketch_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase]]
         for i, key in enumerate(keys):
             sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(func)))
             s_tir.Trace.apply_json_to_schedule(json.loads(key), sch)
-            yield tname, _case(workload, "fastsearch-gpu-sketch", func, sch, ctx, f"{tname} sketch candidate {i}")
+            yield (
+                tname,
+                _case(workload, "fastsearch-gpu-sketch", func, sch, ctx, f"{tname} sketch candidate {i}"),
+            )
 
 
 TRACE_SOURCES: list[Callable[[str, Any], Iterator[tuple[str, GpuCase]]]] = [

@@ -25,10 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use analysis::{analyze, BlockInfo};
-pub use gpu::{
-    emit_gpu, sample_gpu, sample_gpu_genomes, GpuGenome, GpuRule, GpuSketchSpace,
-    GPU_UNROLL_CANDIDATES,
-};
+pub use gpu::{emit_gpu, sample_gpu, sample_gpu_genomes, GpuGenome, GpuRule, GpuSketchSpace};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
