@@ -8,7 +8,8 @@ workload of the te_workload suite (every family, every listed shape), from two s
   reduction, auto-bind, unroll; on sm_90 also the software-pipelined variants), re-sampled
   with fresh random decisions, on two targets: the H100 tag (sm_90) and a smaller sm_75 GPU;
 * random sequences of primitives built through TVM's schedule API, with random thread
-  bindings, which leave blocks unbound for RewriteUnboundBlock to bind.
+  bindings, which leave blocks unbound for RewriteUnboundBlock to bind;
+* fastsearch's own GPU sketches (``Program.sample_gpu_sketches``) on both targets.
 
 For every trace, the loop nests (loop order, extents, kinds, thread bindings, annotations,
 block placement, allocated buffers with their storage scopes) are compared three ways:
@@ -205,9 +206,29 @@ def random_primitive_traces(workload: str, func: Any) -> Iterator[tuple[str, Gpu
         yield "sm_90", _case(workload, "random-primitives", func, sch, ctx, f"sequence {t}")
 
 
+#: fastsearch's GPU sketches drawn per workload and target.
+GPU_SKETCH_TRACES_PER_WORKLOAD = 3
+
+
+def gpu_sketch_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase]]:
+    """Candidates drawn from fastsearch's GPU sketches (Rust) on each target, replayed by TVM."""
+    for tname, target in TARGETS.items():
+        ctx = _context(func, target, design_spaces=False)
+        program = _core.Program(program_json(func))
+        keys = program.sample_gpu_sketches(gpu_target(target), GPU_SKETCH_TRACES_PER_WORKLOAD, 17)
+        for i, key in enumerate(keys):
+            sch = s_tir.Schedule(tvm.ir.load_json(tvm.ir.save_json(func)))
+            s_tir.Trace.apply_json_to_schedule(json.loads(key), sch)
+            yield (
+                tname,
+                _case(workload, "fastsearch-gpu-sketch", func, sch, ctx, f"{tname} sketch candidate {i}"),
+            )
+
+
 TRACE_SOURCES: list[Callable[[str, Any], Iterator[tuple[str, GpuCase]]]] = [
     design_space_traces,
     random_primitive_traces,
+    gpu_sketch_traces,
 ]
 
 

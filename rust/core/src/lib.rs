@@ -8,7 +8,10 @@
 //!   in MetaSchedule's JSON form), [`apply_trace`] and [`apply_trace_to`].
 //! * **Sketches** — Ansor-style sketch generation and random annotation for CPU:
 //!   [`SketchSpace`], [`Genome`], [`CpuTarget`], [`sample_traces`], [`sample_genomes`], [`emit`],
-//!   [`mutate`], and warm starts from other shapes ([`transfer`], [`transfer_from_sibling`]).
+//!   [`mutate`], and warm starts from other shapes ([`transfer`], [`transfer_from_sibling`]);
+//!   for CUDA GPUs, MetaSchedule's CUDA rules with tile sizes drawn within a [`GpuTarget`]'s
+//!   limits: [`GpuSketchSpace`], [`GpuGenome`], [`GpuRule`], [`sample_gpu`],
+//!   [`sample_gpu_genomes`], [`emit_gpu`].
 //! * **Scoring** — the analytical model ([`estimate_cycles`], [`analytical_scores`]), the
 //!   trained [`Forest`], and the two combined ([`HybridScorer`]).
 //! * **Search** — [`evolve`] and [`anneal`] over a [`SearchContext`], proposing a batch to
@@ -58,7 +61,8 @@ pub use search::annealing::{anneal, AnnealingConfig};
 pub use search::evolution::{evolve, EvolutionConfig};
 pub use search::{coarse_shape, structure, Proposal, Role, Scorer, SearchContext};
 pub use sketch::{
-    emit, mutate, sample as sample_traces, sample_genomes, transfer, transfer_from_sibling,
-    CpuTarget, Genome, Rule, SketchSpace, WriteCache,
+    emit, emit_gpu, mutate, sample as sample_traces, sample_genomes, sample_gpu,
+    sample_gpu_genomes, transfer, transfer_from_sibling, CpuTarget, Genome, GpuGenome, GpuRule,
+    GpuSketchSpace, Rule, SketchSpace, WriteCache,
 };
 pub use verify_gpu::{verify_trace_gpu, verify_traces_gpu};

@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
     analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, evolve,
-    extract_all, extract_made, extract_traces, program_summary, sample_genomes, sample_traces,
-    sketch_features, transfer, transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error,
-    EvolutionConfig, Genome, HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES,
-    SKETCH_FEATURES,
+    extract_all, extract_made, extract_traces, program_summary, sample_genomes, sample_gpu,
+    sample_gpu_genomes, sample_traces, sketch_features, transfer, transfer_from_sibling,
+    verify_traces_gpu, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
+    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -115,6 +115,49 @@ impl Program {
         guarded(py, "Program.sample_sketches", move || {
             let exclude: HashSet<String> = exclude.into_iter().collect();
             Ok(sample_traces(&imported.program, &cpu, n, seed, &exclude))
+        })
+    }
+
+    /// Up to `n` distinct candidates of fastsearch's GPU sketches for a CUDA `target`, as
+    /// MetaSchedule trace JSON (before postprocessing), skipping the keys in `exclude`; tile
+    /// sizes, threads and shared memory are drawn within the target's limits.
+    #[pyo3(signature = (target, n, seed, *, exclude = Vec::new()))]
+    fn sample_gpu_sketches(
+        &self,
+        py: Python<'_>,
+        target: PyRef<'_, PyGpuTarget>,
+        n: usize,
+        seed: u64,
+        exclude: Vec<String>,
+    ) -> PyResult<Vec<String>> {
+        let imported = Arc::clone(&self.imported);
+        let gpu = target.gpu.clone();
+        guarded(py, "Program.sample_gpu_sketches", move || {
+            let exclude: HashSet<String> = exclude.into_iter().collect();
+            Ok(sample_gpu(&imported.program, &gpu, n, seed, &exclude))
+        })
+    }
+
+    /// Like `sample_gpu_sketches`, each candidate as `(key, genome JSON)`.
+    #[pyo3(signature = (target, n, seed, *, exclude = Vec::new()))]
+    fn sample_gpu_genomes(
+        &self,
+        py: Python<'_>,
+        target: PyRef<'_, PyGpuTarget>,
+        n: usize,
+        seed: u64,
+        exclude: Vec<String>,
+    ) -> PyResult<Vec<(String, String)>> {
+        let imported = Arc::clone(&self.imported);
+        let gpu = target.gpu.clone();
+        guarded(py, "Program.sample_gpu_genomes", move || {
+            let exclude: HashSet<String> = exclude.into_iter().collect();
+            Ok(
+                sample_gpu_genomes(&imported.program, &gpu, n, seed, &exclude)
+                    .into_iter()
+                    .map(|(k, g)| (k, serde_json::to_string(&g).unwrap_or_default()))
+                    .collect(),
+            )
         })
     }
 

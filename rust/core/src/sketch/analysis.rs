@@ -16,6 +16,9 @@ pub struct BlockInfo {
     pub spatial: bool,
     /// Spatial, one store, identity write indices, not a function output: ComputeInline applies.
     pub inlinable: bool,
+    /// As `inlinable`, but also for blocks whose value is costly to recompute (`exp`): what
+    /// MetaSchedule's CUDA AutoInline inlines, since it disallows no operator.
+    pub inlinable_any_cost: bool,
     /// The stored value holds a conditional (padding's `if_then_else`): inlining it puts a
     /// select into the consumer's inner loops, so sketches may also compute it under the
     /// consumer's tiles, as MetaSchedule's CPU AutoInline leaves it to RandomComputeLocation.
@@ -174,6 +177,7 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                     && !output
                     && block.body.len() == 1
                     && !expensive,
+                inlinable_any_cost: spatial && identity_write && !output && block.body.len() == 1,
                 conditional,
                 unordered,
                 output,

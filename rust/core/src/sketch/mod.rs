@@ -12,6 +12,7 @@
 //! Both are emitted as one MetaSchedule trace.
 
 mod analysis;
+mod gpu;
 mod mutate;
 mod tile;
 mod trace_builder;
@@ -24,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use analysis::{analyze, BlockInfo};
+pub use gpu::{emit_gpu, sample_gpu, sample_gpu_genomes, GpuGenome, GpuRule, GpuSketchSpace};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;
@@ -534,7 +536,7 @@ impl SketchSpace {
             })
     }
 
-    fn rfactor_applies(&self, program: &Program, info: &BlockInfo) -> bool {
+    pub(crate) fn rfactor_applies(&self, program: &Program, info: &BlockInfo) -> bool {
         // Spatial iteration variables first, then reductions: the loops to fuse are the tail.
         let kinds = program.blocks[info.block].iter_kinds();
         let n_s = kinds.chars().take_while(|c| *c == 'S').count();
@@ -690,7 +692,7 @@ pub fn linear_in_iter_vars(index: &Expr, block: &crate::program::Block) -> Optio
 }
 
 /// Spatial and reduction iteration variables of a block.
-fn spatial_reduce_counts(program: &Program, block: usize) -> (usize, usize) {
+pub(crate) fn spatial_reduce_counts(program: &Program, block: usize) -> (usize, usize) {
     let vars = &program.blocks[block].iter_vars;
     let n_s = vars.iter().filter(|v| v.kind == IterKind::Spatial).count();
     (n_s, vars.len() - n_s)
@@ -826,6 +828,21 @@ pub fn sample_genomes(
     exclude: &HashSet<String>,
 ) -> Vec<(String, Genome)> {
     let space = SketchSpace::new(program);
+    sample_distinct(n, seed, exclude, |rng| {
+        let genome = space.draw(program, target, rng);
+        (emit(program, &space, &genome).to_string(), genome)
+    })
+}
+
+/// Up to `n` distinct traces not in `exclude`, with what they were drawn from: candidate `i`
+/// is `draw` called with its own generator derived from `(seed, i)`, drawn in parallel and
+/// kept in index order, so the answer does not depend on the number of threads.
+pub(crate) fn sample_distinct<G: Send>(
+    n: usize,
+    seed: u64,
+    exclude: &HashSet<String>,
+    draw: impl Fn(&mut Rng) -> (String, G) + Sync,
+) -> Vec<(String, G)> {
     let mut out = Vec::with_capacity(n);
     let mut seen: HashSet<String> = HashSet::new();
     let mut next = 0u64;
@@ -833,13 +850,9 @@ pub fn sample_genomes(
     let max_draws = (n as u64).saturating_mul(20).max(256);
     while out.len() < n && next < max_draws {
         let batch = ((n - out.len()) as u64 * 2).clamp(16, 4096);
-        let drawn: Vec<(String, Genome)> = (next..next + batch)
+        let drawn: Vec<(String, G)> = (next..next + batch)
             .into_par_iter()
-            .map(|i| {
-                let mut rng = Rng::derive(seed, i);
-                let genome = space.draw(program, target, &mut rng);
-                (emit(program, &space, &genome).to_string(), genome)
-            })
+            .map(|i| draw(&mut Rng::derive(seed, i)))
             .collect();
         next += batch;
         for (trace, genome) in drawn {

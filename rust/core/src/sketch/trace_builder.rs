@@ -172,6 +172,75 @@ impl TraceBuilder {
         );
     }
 
+    /// `Bind` of a loop to a thread axis (`blockIdx.x`, `vthread.x`, `threadIdx.x`).
+    pub fn bind(&mut self, lp: &str, axis: &str) {
+        self.push("Bind", vec![json!(lp)], vec![json!(axis)], &[]);
+    }
+
+    /// `Split` of `lp` into an outer loop of inferred extent and an inner one of `factor`
+    /// (a sampled variable), as AutoBind and cross-thread reduction split.
+    pub fn split_inner(&mut self, lp: &str, factor: &str) -> [String; 2] {
+        let loops = self.fresh('l', 2);
+        self.push(
+            "Split",
+            vec![json!(lp), json!("None"), json!(factor)],
+            vec![json!(true), json!(false)],
+            &loops,
+        );
+        [loops[0].clone(), loops[1].clone()]
+    }
+
+    /// `SampleCategorical` over `candidates` (uniform), decided as `choice`: the variable.
+    pub fn sample_categorical(&mut self, candidates: &[i64], choice: usize) -> String {
+        let out = self.fresh('v', 1);
+        let p = 1.0 / candidates.len() as f64;
+        let probs: Vec<f64> = candidates.iter().map(|_| p).collect();
+        self.push(
+            "SampleCategorical",
+            vec![],
+            vec![json!(candidates), json!(probs)],
+            &out,
+        );
+        self.decide(json!(choice));
+        out[0].clone()
+    }
+
+    /// Annotates with a sampled variable.
+    pub fn annotate_var(&mut self, target: &str, key: &str, var: &str) {
+        self.push(
+            "Annotate",
+            vec![json!(target), json!(var)],
+            vec![json!(key)],
+            &[],
+        );
+    }
+
+    /// `CacheRead` of read `index` of `block` into `scope`, read by `block` alone.
+    pub fn cache_read(&mut self, block: &str, index: usize, scope: &str) -> String {
+        let out = self.fresh('b', 1);
+        self.push(
+            "CacheRead",
+            vec![json!(block), json!([block])],
+            vec![json!(index), json!(scope)],
+            &out,
+        );
+        out[0].clone()
+    }
+
+    /// `SetScope` of write buffer `index` of `block`.
+    pub fn set_scope(&mut self, block: &str, index: usize, scope: &str) {
+        self.push(
+            "SetScope",
+            vec![json!(block)],
+            vec![json!(index), json!(scope)],
+            &[],
+        );
+    }
+
+    pub fn reverse_compute_inline(&mut self, block: &str) {
+        self.push("ReverseComputeInline", vec![json!(block)], vec![], &[]);
+    }
+
     pub fn finish(self) -> Value {
         json!([self.insts, self.decisions])
     }
