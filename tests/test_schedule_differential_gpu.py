@@ -38,6 +38,7 @@ import pytest
 import tvm
 from fastsearch import _core
 from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
+from fastsearch.ir.target import cuda_limits
 from fastsearch.ir.tir_import import program_json
 from fastsearch.ir.tune_context import tune_context
 from test_schedule_differential import _OPS as CPU_OPS
@@ -81,12 +82,7 @@ class GpuCase(Case):
 
 
 def gpu_target(target: tvm.target.Target) -> _core.GpuTarget:
-    attrs = target.attrs
-    return _core.GpuTarget(
-        max_threads_per_block=int(attrs["max_threads_per_block"]),
-        warp_size=int(attrs["thread_warp_size"]),
-        max_shared_memory_per_block=int(attrs["max_shared_memory_per_block"]),
-    )
+    return cuda_limits(target)
 
 
 def _context(func: Any, target: tvm.target.Target, design_spaces: bool) -> ms.TuneContext:

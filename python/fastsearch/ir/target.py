@@ -16,6 +16,7 @@ from typing import Any, Union
 import psutil
 import tvm
 
+from fastsearch import _core
 from fastsearch.errors import InvalidTarget, UnsupportedTarget
 
 TargetLike = Union[str, dict, tvm.target.Target, None]  # noqa: UP007  (runtime alias, py3.10)
@@ -23,10 +24,12 @@ TargetLike = Union[str, dict, tvm.target.Target, None]  # noqa: UP007  (runtime 
 __all__ = [
     "CUDA_ARCH_LIMITS",
     "TargetLike",
+    "cuda_limits",
     "device",
     "device_type",
     "host_cpu",
     "physical_cores",
+    "require_cuda_limits",
     "require_searchable",
     "resolve_target",
     "target_kind",
@@ -197,6 +200,33 @@ def is_gpu(target: tvm.target.Target) -> bool:
     return "gpu" in [str(k) for k in target.keys]
 
 
+def require_cuda_limits(target: tvm.target.Target) -> None:
+    """A CUDA target without the limits a GPU search reads is an :class:`InvalidTarget` naming
+    them and the ways to give them."""
+    missing = [k for k in CUDA_LIMITS if target.attrs.get(k) is None]
+    if missing:
+        raise InvalidTarget(
+            f"invalid target {target}: a CUDA target needs {', '.join(missing)}; use a tag "
+            "such as 'nvidia/nvidia-h100', name the architecture "
+            '({"kind": "cuda", "arch": "sm_90"}), give the limits in the target dict, or '
+            "pass 'cuda' on a machine with a GPU"
+        )
+
+
+def cuda_limits(target: tvm.target.Target) -> _core.GpuTarget:
+    """The limits of a CUDA ``target`` as the engine takes them (threads per block, warp size,
+    shared memory per block); :class:`InvalidTarget` where the target lacks one, and for a target
+    that is not CUDA."""
+    if target_kind(target) != "cuda":
+        raise InvalidTarget(f"target {target} is not a CUDA target")
+    require_cuda_limits(target)
+    return _core.GpuTarget(
+        max_threads_per_block=int(target.attrs["max_threads_per_block"]),
+        warp_size=int(target.attrs["thread_warp_size"]),
+        max_shared_memory_per_block=int(target.attrs["max_shared_memory_per_block"]),
+    )
+
+
 def require_searchable(target: tvm.target.Target, what: str) -> None:
     """Refuse, with a typed error, a target fastsearch's search cannot serve, before any work:
     a CUDA target without the limits a GPU search reads is an :class:`InvalidTarget` naming
@@ -207,14 +237,7 @@ def require_searchable(target: tvm.target.Target, what: str) -> None:
         return
     kind = target_kind(target)
     if kind == "cuda":
-        missing = [k for k in CUDA_LIMITS if target.attrs.get(k) is None]
-        if missing:
-            raise InvalidTarget(
-                f"invalid target {target}: a CUDA target needs {', '.join(missing)}; use a tag "
-                "such as 'nvidia/nvidia-h100', name the architecture "
-                '({"kind": "cuda", "arch": "sm_90"}), give the limits in the target dict, or '
-                "pass 'cuda' on a machine with a GPU"
-            )
+        require_cuda_limits(target)
     raise UnsupportedTarget(
         f"{what}: fastsearch searches CPU targets (kind 'llvm') only; {kind} target {target} "
         "would get CPU schedules. GPU sketches are not implemented yet: tune GPU kernels with "
