@@ -37,6 +37,7 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     git = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
     )
-    manifest = {
+    manifest: dict[str, Any] = {
         "built": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "commit": git.stdout.strip(),
         "wheels": [w.name for w in wheels],
