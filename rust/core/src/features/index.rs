@@ -224,9 +224,19 @@ impl Split {
 
 /// Inclusive bounds, with each variable's bounds given by `var`.
 pub fn sum_bounds(s: &Sum, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
+    sum_bounds_capped(s, var, &|_| None)
+}
+
+/// [`sum_bounds`] where `cap` may bound an index (a variable or a sum inside a term) from
+/// above more tightly than its own bounds do (a predicate on a fused index).
+pub fn sum_bounds_capped(
+    s: &Sum,
+    var: &impl Fn(&str) -> (i64, i64),
+    cap: &impl Fn(&Index) -> Option<i64>,
+) -> (i64, i64) {
     let (mut lo, mut hi) = (s.base, s.base);
     for t in &s.terms {
-        let (a, b) = split_bounds(t, var);
+        let (a, b) = split_bounds(t, var, cap);
         let (x, y) = (a.saturating_mul(t.scale), b.saturating_mul(t.scale));
         lo = lo.saturating_add(x.min(y));
         hi = hi.saturating_add(x.max(y));
@@ -235,11 +245,18 @@ pub fn sum_bounds(s: &Sum, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
 }
 
 /// Bounds of `floordiv(floormod(index, upper), lower)` with TVM's interval rules.
-fn split_bounds(t: &Split, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
+fn split_bounds(
+    t: &Split,
+    var: &impl Fn(&str) -> (i64, i64),
+    cap: &impl Fn(&Index) -> Option<i64>,
+) -> (i64, i64) {
     let (mut lo, mut hi) = match &t.index {
         Index::Var(v) => var(v),
-        Index::Sum(s) => sum_bounds(s, var),
+        Index::Sum(s) => sum_bounds_capped(s, var, cap),
     };
+    if let Some(c) = cap(&t.index) {
+        hi = hi.min(c).max(lo);
+    }
     if let Some(u) = t.upper {
         if lo >= 0 {
             if hi >= u {
@@ -258,7 +275,7 @@ pub struct Canon<'a> {
 }
 
 impl Canon<'_> {
-    fn var_bounds(&self, v: &str) -> (i64, i64) {
+    pub fn var_bounds(&self, v: &str) -> (i64, i64) {
         match self.extents.get(v) {
             Some(&e) => (0, e - 1),
             None => (i64::MIN / 4, i64::MAX / 4),

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 
-use super::index::{gcd, Canon, Extents, Index, Split, Sum};
+use super::index::{gcd, sum_bounds_capped, Canon, Extents, Index, Split, Sum};
 use crate::error::{Error, Result};
 use crate::program::{BinOp, Buffer, Expr, IterKind, LoopKind};
 use crate::schedule::arith::uses_var;
@@ -90,6 +90,8 @@ struct RawStore {
     value: Expr,
     loops: Vec<usize>,
     constant: bool,
+    /// The block's predicate (in loop variables).
+    predicate: Expr,
 }
 
 struct Walker<'a> {
@@ -251,6 +253,7 @@ impl<'a> Walker<'a> {
                 constant: is_literal(&value),
                 value,
                 loops: path.to_vec(),
+                predicate: sb.predicate.clone(),
             });
         }
         Ok(())
@@ -308,6 +311,7 @@ impl<'a> Walker<'a> {
                     constant: is_literal(&value),
                     value,
                     loops,
+                    predicate: st.blocks[b].predicate.clone(),
                 });
             }
             self.stores.push(RawStore {
@@ -320,6 +324,7 @@ impl<'a> Walker<'a> {
                 },
                 loops: outer_bound.clone(),
                 constant: false,
+                predicate: Expr::Bool(true),
             });
         }
         Ok(())
@@ -408,7 +413,7 @@ fn side(t: &Split, outer_vars: &[String]) -> Side {
     }
 }
 
-fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
+fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String], preds: &[(Sum, i64)]) -> DimRegion {
     let mut outer = Sum::constant(0);
     let mut inner = Sum::constant(s.base);
     let mut inner_span = 0;
@@ -425,12 +430,76 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
             inner = inner.add(&Sum::term(t.clone()), 1);
         }
     }
-    let (lo, hi) = canon.bounds(&inner);
+    let (lo, hi) = sum_bounds_capped(&inner, &|v| canon.var_bounds(v), &|i| {
+        predicate_cap(canon, i, preds)
+    });
     DimRegion {
         outer,
         lo,
         hi: hi + inner_span,
     }
+}
+
+/// A block predicate's conjuncts `S < c` (`S` a sum of terms with positive scales, no
+/// constant): what CompactBufferAllocation's region estimate (an iterator map under the
+/// predicate) may use to bound the indices of the block's accesses. `true` where `None`.
+fn predicate_sums(canon: &Canon, e: &Expr, out: &mut Vec<(Sum, i64)>) {
+    match e {
+        Expr::Bin(BinOp::And, a, b) => {
+            predicate_sums(canon, a, out);
+            predicate_sums(canon, b, out);
+        }
+        Expr::Bin(op @ (BinOp::Lt | BinOp::Le), a, b) => {
+            let (Some(x), Some(y)) = (canon.sum(a), canon.sum(b)) else {
+                return;
+            };
+            let mut d = x.add(&y, -1);
+            // d.terms + d.base < 0 (or <= 0): terms < -base (or < 1 - base).
+            let c = -d.base + i64::from(*op == BinOp::Le);
+            d.base = 0;
+            if !d.terms.is_empty() && d.terms.iter().all(|t| t.scale > 0) {
+                out.push((d, c));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The upper bound a predicate `S < c` gives an index `T` where `S = d * T + R` with `R`
+/// (the rest of `S`'s terms) within `[0, d)`: `T <= (c - 1) / d`.
+fn predicate_cap(canon: &Canon, index: &Index, preds: &[(Sum, i64)]) -> Option<i64> {
+    let t = match index {
+        Index::Var(v) => Sum::term(Split {
+            index: Index::Var(v.clone()),
+            lower: 1,
+            upper: None,
+            scale: 1,
+        }),
+        Index::Sum(s) => (**s).clone(),
+    };
+    if t.base != 0 || t.terms.is_empty() {
+        return None;
+    }
+    preds
+        .iter()
+        .filter_map(|(s, c)| {
+            let first = s.terms.iter().find(|u| same_split(u, &t.terms[0]))?;
+            if first.scale % t.terms[0].scale != 0 {
+                return None;
+            }
+            let d = first.scale / t.terms[0].scale;
+            let rest = s.add(&t.scale(d), -1);
+            if rest.terms.iter().any(|u| t.terms.iter().any(|v| same_split(u, v))) {
+                return None;
+            }
+            let (lo, hi) = canon.bounds(&rest);
+            (d > 0 && lo >= 0 && hi < d).then(|| (c - 1).div_euclid(d))
+        })
+        .min()
+}
+
+fn same_split(a: &Split, b: &Split) -> bool {
+    a.index == b.index && a.lower == b.lower && a.upper == b.upper
 }
 
 /// `floordiv(O + I, k) * c`, `O` in outer and `I` in inner variables only, where the range of
@@ -592,7 +661,23 @@ pub fn lower_for(st: &State, gpu: bool) -> Result<Lowered> {
             buffer: buf,
             loops: lca,
         });
-        let idx: Vec<&Vec<Sum>> = sites.iter().map(|(_, v)| *v).collect();
+        // On a GPU, the predicates of the blocks, where they read only the relaxed loops
+        // (ConditionalBoundsContext and EstimateRegionUpperBound).
+        let idx: Vec<(&Vec<Sum>, Vec<(Sum, i64)>)> = sites
+            .iter()
+            .map(|(i, v)| {
+                let mut preds = Vec::new();
+                if gpu {
+                    predicate_sums(&canon, &raw[*i].predicate, &mut preds);
+                    preds.retain(|(p, _)| {
+                        let mut vs = Vec::new();
+                        p.vars(&mut vs);
+                        vs.iter().all(|v| !outer_vars.contains(v))
+                    });
+                }
+                (*v, preds)
+            })
+            .collect();
         let off = compact(st, &canon, buf, &mut shapes[buf], &idx, &outer_vars)?;
         offsets.insert(buf, off);
     }
@@ -756,13 +841,13 @@ fn compact(
     canon: &Canon,
     buf: usize,
     shape: &mut [i64],
-    sites: &[&Vec<Sum>],
+    sites: &[(&Vec<Sum>, Vec<(Sum, i64)>)],
     outer_vars: &[String],
 ) -> Result<Vec<Sum>> {
     let ndim = shape.len();
     let mut region: Vec<Option<DimRegion>> = (0..ndim).map(|_| None).collect();
     let mut compactable = vec![true; ndim];
-    for idx in sites {
+    for (idx, preds) in sites {
         if idx.len() != ndim {
             return Err(Error::Internal(format!(
                 "buffer {} accessed with {} indices, has {} dimensions",
@@ -772,7 +857,7 @@ fn compact(
             )));
         }
         for d in 0..ndim {
-            let r = dim_region(canon, &idx[d], outer_vars);
+            let r = dim_region(canon, &idx[d], outer_vars, preds);
             region[d] = Some(match region[d].take() {
                 None => r,
                 Some(prev) => {
