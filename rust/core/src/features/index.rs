@@ -323,6 +323,19 @@ impl Canon<'_> {
                 if !k.is_constant() || k.base <= 0 {
                     return None;
                 }
+                if *op == BinOp::FloorMod {
+                    // TVM reads `floormod(floordiv(x, c), k)` as `floordiv(floormod(x, c * k), c)`
+                    // before its rewrite rules see it (`(f0 * 64 + tx * 2 + v) // 128 % 2` stays
+                    // `(f0 * 64 + tx * 2 + v) % 256 // 128`, where two terms would fold).
+                    if let Expr::Bin(BinOp::FloorDiv, x, c) = &**a {
+                        let c = self.sum(c)?;
+                        if c.is_constant() && c.base > 0 {
+                            if let Some(ck) = c.base.checked_mul(k.base) {
+                                return Some(self.div(&self.modulo(&self.sum(x)?, ck), c.base));
+                            }
+                        }
+                    }
+                }
                 let a = self.sum(a)?;
                 Some(if *op == BinOp::FloorDiv {
                     self.div(&a, k.base)

@@ -483,19 +483,32 @@ fn predicate_cap(canon: &Canon, index: &Index, preds: &[(Sum, i64)]) -> Option<i
     preds
         .iter()
         .filter_map(|(s, c)| {
-            let first = s.terms.iter().find(|u| same_split(u, &t.terms[0]))?;
-            if first.scale % t.terms[0].scale != 0 {
+            // d from a term of `T` and the term of `S` over the same index:
+            // `scale_s * (x // lower_s) == d * scale_t * (x // lower_t)`.
+            let u = &t.terms[0];
+            let w = s
+                .terms
+                .iter()
+                .find(|w| w.index == u.index && w.upper == u.upper)?;
+            let num = w.scale.checked_mul(u.lower)?;
+            let den = u.scale.checked_mul(w.lower)?;
+            if den <= 0 || num % den != 0 {
                 return None;
             }
-            let d = first.scale / t.terms[0].scale;
-            let rest = s.add(&t.scale(d), -1);
-            if rest.terms.iter().any(|u| t.terms.iter().any(|v| same_split(u, v))) {
-                return None;
-            }
-            let (lo, hi) = canon.bounds(&rest);
-            (d > 0 && lo >= 0 && hi < d).then(|| (c - 1).div_euclid(d))
+            let d = num / den;
+            (d > 0 && same_sum(&canon.div(s, d), &t)).then(|| (c - 1).div_euclid(d))
         })
         .min()
+}
+
+/// Whether two canonical sums have the same terms (in any order) and constant.
+fn same_sum(a: &Sum, b: &Sum) -> bool {
+    a.base == b.base
+        && a.terms.len() == b.terms.len()
+        && a
+            .terms
+            .iter()
+            .all(|x| b.terms.iter().any(|y| same_split(x, y) && x.scale == y.scale))
 }
 
 fn same_split(a: &Split, b: &Split) -> bool {
