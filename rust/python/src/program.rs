@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
     analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, evolve,
-    extract_all_on, extract_made, extract_traces_on, lowered_text_on, program_summary, sample_genomes, sample_gpu,
-    sample_gpu_genomes, sample_traces, sketch_features, transfer, transfer_from_sibling,
-    verify_traces_gpu, AnnealingConfig, Error, EvolutionConfig, Genome, HybridScorer,
-    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
+    extract_all_on, extract_made, extract_traces_on, lowered_text_on, program_summary,
+    sample_genomes, sample_gpu, sample_gpu_genomes, sample_traces, sketch_features, transfer,
+    transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error, EvolutionConfig, Genome,
+    HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -420,13 +420,18 @@ impl Program {
         let rows = py
             .detach(|| {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    extract_made(program, &traces, |&t| {
-                        // SAFETY: the caller keeps every trace alive until this returns.
-                        match unsafe { reader.text(t) } {
-                            Some(text) => fastsearch_core::Trace::from_json(&text).map(Some),
-                            None => Ok(None),
-                        }
-                    }, gpu.as_ref())
+                    extract_made(
+                        program,
+                        &traces,
+                        |&t| {
+                            // SAFETY: the caller keeps every trace alive until this returns.
+                            match unsafe { reader.text(t) } {
+                                Some(text) => fastsearch_core::Trace::from_json(&text).map(Some),
+                                None => Ok(None),
+                            }
+                        },
+                        gpu.as_ref(),
+                    )
                 }))
             })
             .map_err(|_| InternalError::new_err("Program.extract_features_tvm: panicked"))?
@@ -490,10 +495,12 @@ impl Program {
         let imported = Arc::clone(&self.imported);
         let gpu = gpu.map(|g| g.gpu.clone());
         let rows = guarded(py, "Program.extract_features_each", move || {
-            Ok(extract_traces_on(&imported.program, &trace_jsons, postprocess, gpu.as_ref())
-                .into_iter()
-                .map(Result::ok)
-                .collect::<Vec<_>>())
+            Ok(
+                extract_traces_on(&imported.program, &trace_jsons, postprocess, gpu.as_ref())
+                    .into_iter()
+                    .map(Result::ok)
+                    .collect::<Vec<_>>(),
+            )
         })?;
         rows.into_iter()
             .map(|r| r.map(|data| feature_array(py, data)).transpose())

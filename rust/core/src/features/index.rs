@@ -585,6 +585,44 @@ mod tests {
     }
 
     #[test]
+    fn a_modulo_of_a_division_is_a_division_of_a_modulo() {
+        // TVM's simplifier (checked with tvm.sym.Analyzer): `(f0*64 + tx*2 + v) // 128 % 2`
+        // becomes `(f0*64 + tx*2 + v) % 256 // 128`, while two terms fold:
+        // `(f0*64 + tx*2) // 128 % 2` becomes `f0 % 4 // 2`.
+        let mut ext = Extents::new();
+        for (x, e) in [("f0", 12), ("tx", 32), ("v", 2)] {
+            ext.insert(x.into(), e);
+        }
+        let c = Canon { extents: &ext };
+        let mul = |x: &str, k: i64| bin(BinOp::Mul, v(x), Expr::Int(k));
+        let add = |a: Expr, b: Expr| bin(BinOp::Add, a, b);
+        let three = add(add(mul("f0", 64), mul("tx", 2)), v("v"));
+        let e = bin(
+            BinOp::FloorMod,
+            bin(BinOp::FloorDiv, three.clone(), Expr::Int(128)),
+            Expr::Int(2),
+        );
+        let want = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::FloorMod, three, Expr::Int(256)),
+            Expr::Int(128),
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+        let two = add(mul("f0", 64), mul("tx", 2));
+        let e = bin(
+            BinOp::FloorMod,
+            bin(BinOp::FloorDiv, two, Expr::Int(128)),
+            Expr::Int(2),
+        );
+        let want = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::FloorMod, v("f0"), Expr::Int(4)),
+            Expr::Int(2),
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+    }
+
+    #[test]
     fn divisions_factor_only_where_tvm_rewrites() {
         let mut ext = Extents::new();
         for (v, e) in [("c", 2), ("a", 32), ("b", 2), ("d", 2), ("e", 2), ("f", 16)] {

@@ -505,10 +505,11 @@ fn predicate_cap(canon: &Canon, index: &Index, preds: &[(Sum, i64)]) -> Option<i
 fn same_sum(a: &Sum, b: &Sum) -> bool {
     a.base == b.base
         && a.terms.len() == b.terms.len()
-        && a
-            .terms
-            .iter()
-            .all(|x| b.terms.iter().any(|y| same_split(x, y) && x.scale == y.scale))
+        && a.terms.iter().all(|x| {
+            b.terms
+                .iter()
+                .any(|y| same_split(x, y) && x.scale == y.scale)
+        })
 }
 
 fn same_split(a: &Split, b: &Split) -> bool {
@@ -560,6 +561,9 @@ fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(
     let start = canon.div(&o.add(&Sum::constant(a), 1), q).scale(t.scale);
     Some((start, t.scale * ((b - a) / q)))
 }
+
+/// An access to compact a buffer by: its indices, and the block predicate's `S < c` bounds.
+type Site<'a> = (&'a Vec<Sum>, Vec<(Sum, i64)>);
 
 /// Each store's indices and loads as sums, per store: (indices, [(buffer, indices)]).
 type AccessSums = (Vec<Vec<Sum>>, Vec<Vec<(usize, Vec<Sum>)>>);
@@ -676,7 +680,7 @@ pub fn lower_for(st: &State, gpu: bool) -> Result<Lowered> {
         });
         // On a GPU, the predicates of the blocks, where they read only the relaxed loops
         // (ConditionalBoundsContext and EstimateRegionUpperBound).
-        let idx: Vec<(&Vec<Sum>, Vec<(Sum, i64)>)> = sites
+        let idx: Vec<Site> = sites
             .iter()
             .map(|(i, v)| {
                 let mut preds = Vec::new();
@@ -854,7 +858,7 @@ fn compact(
     canon: &Canon,
     buf: usize,
     shape: &mut [i64],
-    sites: &[(&Vec<Sum>, Vec<(Sum, i64)>)],
+    sites: &[Site],
     outer_vars: &[String],
 ) -> Result<Vec<Sum>> {
     let ndim = shape.len();
