@@ -37,7 +37,7 @@ from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, 
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.graph.model_timing import model_inputs
 from fastsearch.graph.relax_tasks import ModelTask, extract_tasks, is_relax_module
-from fastsearch.ir.target import device_type
+from fastsearch.ir.target import device_type, target_kind
 from fastsearch.ir.tir_import import program_json
 from fastsearch.measure.measurer import (
     FAILURE_KINDS,
@@ -51,6 +51,7 @@ from fastsearch.measure.measurer import (
     random_arguments,
     run_function,
 )
+from fastsearch.search.gpu import GpuSampler
 from fastsearch.search.guided import ModelGuidedSampler, SearchState, SiblingRecords
 from fastsearch.search.sample import Postprocessor, fresh_copy, sample_candidates
 from fastsearch.search.warm_start import WarmStart
@@ -102,6 +103,9 @@ def _resolve_sampler(
     if strategy == "random":
 
         def make_random(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            if target_kind(target) == "cuda":
+                return GpuSampler(task.func, target, task.post, strategy="random")
+
             def draw(
                 func: tvm.tirx.PrimFunc, target: tvm.target.Target, n: int, seed: int, exclude: set
             ) -> list:
@@ -114,6 +118,10 @@ def _resolve_sampler(
         siblings = SiblingRecords()  # one per run: each task's model also learns from the others'
 
         def make_guided(task: _Task, db: TuningDatabase, target: tvm.target.Target) -> Sampler:
+            if target_kind(target) == "cuda":
+                if warm is not None:
+                    raise ValueError("warm_start is not available for CUDA targets yet")
+                return GpuSampler(task.func, target, task.post, strategy=str(strategy))
             cache: dict[str, Any] = {}
 
             def history() -> list[tuple[str, float]]:

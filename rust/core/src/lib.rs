@@ -11,11 +11,12 @@
 //!   [`mutate`], and warm starts from other shapes ([`transfer`], [`transfer_from_sibling`]);
 //!   for CUDA GPUs, MetaSchedule's CUDA rules with tile sizes drawn within a [`GpuTarget`]'s
 //!   limits: [`GpuSketchSpace`], [`GpuGenome`], [`GpuRule`], [`sample_gpu`],
-//!   [`sample_gpu_genomes`], [`emit_gpu`].
+//!   [`sample_gpu_genomes`], [`emit_gpu`], [`mutate_gpu`].
 //! * **Scoring** — the analytical model ([`estimate_cycles`], [`analytical_scores`]), the
-//!   trained [`Forest`], and the two combined ([`HybridScorer`]).
+//!   trained [`Forest`], and the two combined ([`HybridScorer`]); for GPUs, an analytical
+//!   cold-start model ([`estimate_gpu`]).
 //! * **Search** — [`evolve`] and [`anneal`] over a [`SearchContext`], proposing a batch to
-//!   measure.
+//!   measure; [`evolve_gpu`] for GPU candidates, which proposes valid ones only.
 //! * **Features** — MetaSchedule's per-store features computed on the engine:
 //!   [`extract_traces`], [`extract_all`], [`extract_from_json`], and the [`lowered_text`] they
 //!   are read from; and the size of the code LLVM is handed ([`code_sizes`], [`CodeSize`]),
@@ -47,6 +48,7 @@ pub use features::{
 };
 pub use gpu_target::GpuTarget;
 pub use model::analytical::{estimate_cycles, score as analytical_scores};
+pub use model::gpu::estimate_gpu;
 pub use model::sketch_features::{sketch_features, SKETCH_FEATURES, SKETCH_FEATURE_NAMES};
 pub use model::{Forest, HybridScorer};
 pub use partition::{
@@ -59,9 +61,10 @@ pub use rng::Rng;
 pub use schedule::{apply_trace, apply_trace_to, apply_trace_to_gpu, Trace};
 pub use search::annealing::{anneal, AnnealingConfig};
 pub use search::evolution::{evolve, EvolutionConfig};
+pub use search::gpu::{evolve_gpu, GpuEvolutionConfig, GpuProposal, GpuScore};
 pub use search::{coarse_shape, structure, Proposal, Role, Scorer, SearchContext};
 pub use sketch::{
-    emit, emit_gpu, mutate, sample as sample_traces, sample_genomes, sample_gpu,
+    emit, emit_gpu, mutate, mutate_gpu, sample as sample_traces, sample_genomes, sample_gpu,
     sample_gpu_genomes, transfer, transfer_from_sibling, CpuTarget, Genome, GpuGenome, GpuRule,
     GpuSketchSpace, Rule, SketchSpace, WriteCache,
 };

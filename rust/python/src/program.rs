@@ -5,11 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
-    analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, evolve,
-    extract_all_on, extract_made, extract_traces_on, lowered_text_on, program_summary,
-    sample_genomes, sample_gpu, sample_gpu_genomes, sample_traces, sketch_features, transfer,
-    transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error, EvolutionConfig, Genome,
-    HybridScorer, SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
+    analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, estimate_gpu,
+    evolve, evolve_gpu, extract_all_on, extract_made, extract_traces_on, lowered_text_on,
+    program_summary, sample_genomes, sample_gpu, sample_gpu_genomes, sample_traces,
+    sketch_features, transfer, transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error,
+    EvolutionConfig, Genome, GpuEvolutionConfig, GpuGenome, GpuSketchSpace, HybridScorer,
+    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -158,6 +159,84 @@ impl Program {
                     .map(|(k, g)| (k, serde_json::to_string(&g).unwrap_or_default()))
                     .collect(),
             )
+        })
+    }
+
+    /// The GPU search: up to `n` valid candidates not in `exclude`, from an evolution seeded
+    /// with `measured` (genome JSON, measured seconds), ranked by the analytical GPU model;
+    /// each as `(trace JSON, genome JSON, estimated seconds)`. Every candidate has passed the
+    /// engine's CUDA postprocessors and VerifyGPUCode for `target`.
+    #[pyo3(signature = (target, n, seed, *, measured = Vec::new(), exclude = Vec::new(), population = 512, generations = 4))]
+    #[allow(clippy::too_many_arguments)]
+    fn propose_gpu(
+        &self,
+        py: Python<'_>,
+        target: PyRef<'_, PyGpuTarget>,
+        n: usize,
+        seed: u64,
+        measured: Vec<(String, f64)>,
+        exclude: Vec<String>,
+        population: usize,
+        generations: usize,
+    ) -> PyResult<Vec<(String, String, f64)>> {
+        let imported = Arc::clone(&self.imported);
+        let gpu = target.gpu.clone();
+        guarded(py, "Program.propose_gpu", move || {
+            let measured = measured
+                .iter()
+                .map(|(g, t)| {
+                    serde_json::from_str::<GpuGenome>(g)
+                        .map(|g| (g, *t))
+                        .map_err(|e| Error::Malformed(format!("a measured GPU genome: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let exclude: HashSet<String> = exclude.into_iter().collect();
+            let config = GpuEvolutionConfig {
+                population: population.max(1),
+                generations,
+                ..GpuEvolutionConfig::default()
+            };
+            Ok(evolve_gpu(
+                &imported.program,
+                &gpu,
+                &measured,
+                n,
+                seed,
+                &exclude,
+                &config,
+                None,
+            )
+            .into_iter()
+            .map(|p| {
+                (
+                    p.trace,
+                    serde_json::to_string(&p.genome).unwrap_or_default(),
+                    p.score,
+                )
+            })
+            .collect())
+        })
+    }
+
+    /// The analytical GPU model's estimate, in seconds, of each genome (JSON) on `target`.
+    fn estimate_gpu(
+        &self,
+        py: Python<'_>,
+        target: PyRef<'_, PyGpuTarget>,
+        genomes: Vec<String>,
+    ) -> PyResult<Vec<f64>> {
+        let imported = Arc::clone(&self.imported);
+        let gpu = target.gpu.clone();
+        guarded(py, "Program.estimate_gpu", move || {
+            let space = GpuSketchSpace::new(&imported.program, &gpu);
+            genomes
+                .iter()
+                .map(|g| {
+                    serde_json::from_str::<GpuGenome>(g)
+                        .map(|g| estimate_gpu(&imported.program, &space, &g))
+                        .map_err(|e| Error::Malformed(format!("a GPU genome: {e}")))
+                })
+                .collect()
         })
     }
 

@@ -1,9 +1,11 @@
 //! Cost models that score candidates inside the search, in Rust.
 //!
+//! * [`gpu`] — the analytical cold-start model of a GPU candidate.
 //! * [`xgb`] — gradient-boosted trees trained by the XGBoost Python package, evaluated here from
 //!   the booster's JSON so scoring thousands of candidates costs microseconds each.
 
 pub mod analytical;
+pub mod gpu;
 pub mod sketch_features;
 pub mod xgb;
 

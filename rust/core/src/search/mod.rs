@@ -9,6 +9,7 @@
 
 pub mod annealing;
 pub mod evolution;
+pub mod gpu;
 
 use std::collections::{HashMap, HashSet};
 

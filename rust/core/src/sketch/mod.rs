@@ -12,7 +12,7 @@
 //! Both are emitted as one MetaSchedule trace.
 
 mod analysis;
-mod gpu;
+pub mod gpu;
 mod mutate;
 mod tile;
 mod trace_builder;
@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use analysis::{analyze, BlockInfo};
-pub use gpu::{emit_gpu, sample_gpu, sample_gpu_genomes, GpuGenome, GpuRule, GpuSketchSpace};
+pub use gpu::{
+    emit_gpu, mutate_gpu, sample_gpu, sample_gpu_genomes, GpuGenome, GpuRule, GpuSketchSpace,
+};
 pub use mutate::{crossover, mutate};
 pub use tile::{prime_factors, sample_perfect_tile};
 pub use trace_builder::TraceBuilder;

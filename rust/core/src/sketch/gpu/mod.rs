@@ -19,13 +19,15 @@
 //! candidate passes VerifyGPUCode. [`emit_gpu`] writes a genome as a MetaSchedule trace.
 
 mod emit;
-mod tiling;
+mod mutate;
+pub mod tiling;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 pub use emit::emit_gpu;
+pub use mutate::mutate_gpu;
 
 use super::{sample_distinct, spatial_reduce_counts, BlockInfo, SketchSpace};
 use crate::gpu_target::GpuTarget;
