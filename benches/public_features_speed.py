@@ -15,6 +15,10 @@ on the same function reuse it), then the median over the other rounds, and wheth
 agree row for row::
 
     python -m benches.public_features_speed --workload C2D:1 --candidates 24 --rounds 16
+
+``--target`` takes any target fastsearch resolves (this CPU by default); a CUDA one
+(``--target nvidia/nvidia-h100``) times CUDA candidates (MetaSchedule's CUDA design spaces and
+postprocessors, VerifyGPUCode included) and the GPU features of both sides.
 """
 
 from __future__ import annotations
@@ -37,13 +41,18 @@ def main() -> None:
     ap.add_argument("--workload", default="C2D:1", help="FAMILY:INDEX of TVM's te_workload suite")
     ap.add_argument("--candidates", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--target", default=None, help="a target or tag (default: this CPU)")
     args = ap.parse_args()
     family, index = args.workload.split(":")
     func = te_workload.create_te_workload(family, int(index))
-    target = resolve_target(None)
+    target = resolve_target(args.target)
     mod = tvm.IRModule({"main": func})
     schs = design_space_candidates(func, target, args.candidates * args.rounds)
-    rounds = [schs[i : i + args.candidates] for i in range(0, len(schs), args.candidates)]
+    rounds = [
+        schs[i : i + args.candidates] for i in range(0, len(schs) - args.candidates + 1, args.candidates)
+    ]
+    if not rounds:
+        raise SystemExit(f"{len(schs)} candidates pass the postprocessors: fewer than one round")
     ctx = ms.TuneContext(mod=mod, target=target, num_threads=1)
     arg_info = ms.arg_info.ArgInfo.from_prim_func(func)
     extractor = ms.feature_extractor.PerStoreFeature()
@@ -66,7 +75,7 @@ def main() -> None:
         out = {}
         for side in sides:
             t0 = time.perf_counter()
-            out[side] = tvm_features(traces) if side == "tvm" else extract_features(func, traces)
+            out[side] = tvm_features(traces) if side == "tvm" else extract_features(func, traces, target)
             times[side].append(time.perf_counter() - t0)
         for a, b in zip(out["fastsearch"], out["tvm"]):
             total += 1

@@ -14,6 +14,7 @@ import pytest
 import tvm
 from fastsearch import InvalidTarget, UnsupportedTarget, extract_features, sample, tune
 from fastsearch.cli.main import main
+from fastsearch.costmodel.features import FEATURE_NAMES
 from fastsearch.ir.target import CUDA_ARCH_LIMITS, CUDA_LIMITS, is_gpu, require_searchable, resolve_target
 from fastsearch.ir.tune_context import tune_context
 from fastsearch.metaschedule import SearchStrategy, store_features
@@ -84,11 +85,13 @@ def test_tune_refuses_before_writing_anything(tmp_path):
     assert not work.exists()
 
 
-def test_extract_features_refuses_a_gpu_target():
+def test_extract_features_takes_cuda_and_refuses_other_gpu_targets():
     func = small("GMM")
     trace = Schedule(tvm.IRModule({"main": func})).trace
+    (rows,) = extract_features(func, [trace], target=H100)  # GPU features (tests/test_features_gpu.py)
+    assert rows[:, FEATURE_NAMES.index("is_gpu")].tolist() == [1.0] * len(rows)
     with pytest.raises(UnsupportedTarget, match="extract_features"):
-        extract_features(func, [trace], target=H100)
+        extract_features(func, [trace], target={"kind": "rocm"})
 
 
 @pytest.mark.parametrize(("spec", "error"), [(H100, "UnsupportedTarget"), ("cuda", "InvalidTarget")])

@@ -1,5 +1,7 @@
 """MetaSchedule's per-store features (``PerStoreFeature``: 164 values per stored buffer),
-computed in Rust on fastsearch's schedule engine instead of TVM's lowered IR.
+computed in Rust on fastsearch's schedule engine instead of TVM's lowered IR, for CPU targets
+and CUDA ones (the GPU columns, and TVM's lowering for GPUs: cross-thread reductions, thread
+loops unified per kernel).
 
 Each trace is replayed by the engine (its postprocessing instructions included, as recorded
 after ``EnterPostproc``), then the features are read off the engine's state with the effect of
@@ -18,7 +20,7 @@ from tvm.s_tir import Trace
 from fastsearch import _core
 from fastsearch.errors import FastsearchError, InvalidTrace, ScheduleError
 from fastsearch.ir.loop_nest import features_of_traces, trace_json, traces_text
-from fastsearch.ir.target import require_searchable, resolve_target
+from fastsearch.ir.target import cuda_limits, require_searchable, resolve_target, target_kind
 from fastsearch.ir.tir_import import imported_program
 
 N_FEATURES = 164
@@ -88,27 +90,30 @@ FEATURE_NAMES = (
 )
 
 
-def extract_features_json(program: str | _core.Program, traces: Sequence[str]) -> list[np.ndarray]:
+def extract_features_json(
+    program: str | _core.Program, traces: Sequence[str], gpu: _core.GpuTarget | None = None
+) -> list[np.ndarray]:
     """Features of each trace (JSON text) on a program model (an imported ``_core.Program``, or
     the JSON of ``fastsearch.ir.tir_import.program_json``): one ``(n_stores, 164)`` float32
-    array each."""
+    array each. With ``gpu`` (:func:`fastsearch.ir.target.cuda_limits` of a CUDA target), the
+    features ``PerStoreFeature`` extracts for that target."""
     if isinstance(program, str):
         program = _core.Program(program)
-    return program.extract_features(list(traces))
+    return program.extract_features(list(traces), gpu=gpu)
 
 
 def extract_features_each(
-    program: str | _core.Program, traces: Sequence[str]
+    program: str | _core.Program, traces: Sequence[str], gpu: _core.GpuTarget | None = None
 ) -> list[np.ndarray | FastsearchError]:
     """:func:`extract_features_json` of each trace, or the engine's error for one it cannot
     replay: the batch first, then, when it fails as a whole, one trace at a time."""
     try:
-        return list(extract_features_json(program, traces))
+        return list(extract_features_json(program, traces, gpu))
     except FastsearchError:
         out: list[np.ndarray | FastsearchError] = []
         for text in traces:
             try:
-                out.append(extract_features_json(program, [text])[0])
+                out.append(extract_features_json(program, [text], gpu)[0])
             except FastsearchError as exc:
                 out.append(exc)
         return out
@@ -118,21 +123,28 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
     """Features of each ``tvm.s_tir.Trace`` (or its JSON) applied to ``mod`` (a PrimFunc or an
     IRModule holding one), in the row order of MetaSchedule's ``PerStoreFeature``.
 
-    ``target`` is accepted for symmetry with MetaSchedule; only CPU features are computed, so
-    a GPU target is refused."""
+    ``target`` is the target the candidates were scheduled for (a CPU one by default): for a
+    CUDA target, the traces are replayed as CUDA schedules and the features are those
+    ``PerStoreFeature`` extracts for GPUs (thread extents, TVM's GPU lowering). A CUDA target
+    without its limits is an ``InvalidTarget``; other GPU targets are refused."""
+    gpu = None
     if target is not None:
-        # An unknown or malformed target is an InvalidTarget naming it, a GPU one unsupported.
-        require_searchable(resolve_target(target), "fastsearch.extract_features")
+        resolved = resolve_target(target)
+        if target_kind(resolved) == "cuda":
+            gpu = cuda_limits(resolved)  # InvalidTarget where the target lacks a limit
+        else:
+            # An unknown or malformed target is an InvalidTarget naming it, a GPU one unsupported.
+            require_searchable(resolved, "fastsearch.extract_features")
     program = imported_program(mod)
     if traces and all(isinstance(t, Trace) for t in traces):
         # Each trace written by TVM and replayed on the same engine thread, no text between.
         try:
-            direct = features_of_traces(program, traces)
+            direct = features_of_traces(program, traces, gpu)
         except (InvalidTrace, ScheduleError):
             direct = None  # the path below names the trace that fails
         if direct is not None:
             left = [t for t, rows in zip(traces, direct) if rows is None]
-            done = iter(_extract_batch(program, traces_text(left)) if left else [])
+            done = iter(_extract_batch(program, traces_text(left), gpu) if left else [])
             return [rows if rows is not None else next(done) for rows in direct]
     # TVM Traces as text (traces_text); text and as_json() values are taken as they are.
     tvm_traces = [t for t in traces if isinstance(t, Trace)]
@@ -141,21 +153,25 @@ def extract_features(mod: Any, traces: Sequence[Any], target: Any = None) -> lis
         next(converted) if isinstance(t, Trace) else t if isinstance(t, str) else trace_json(t)
         for t in traces
     ]
-    return _extract_batch(program, texts)
+    return _extract_batch(program, texts, gpu)
 
 
-def _extract_batch(program: _core.Program, texts: Sequence[str]) -> list[np.ndarray]:
+def _extract_batch(
+    program: _core.Program, texts: Sequence[str], gpu: _core.GpuTarget | None = None
+) -> list[np.ndarray]:
     try:
-        return program.extract_features(list(texts))
+        return program.extract_features(list(texts), gpu=gpu)
     except (InvalidTrace, ScheduleError) as exc:
-        raise _name_bad_trace(program, texts, exc) from exc
+        raise _name_bad_trace(program, texts, exc, gpu) from exc
 
 
-def _name_bad_trace(program: _core.Program, texts: Sequence[str], exc: Exception) -> Exception:
+def _name_bad_trace(
+    program: _core.Program, texts: Sequence[str], exc: Exception, gpu: _core.GpuTarget | None
+) -> Exception:
     """The engine's error for a batch names no trace: find the first one that fails alone."""
     for i, text in enumerate(texts):
         try:
-            program.apply_trace(text)
+            program.apply_trace(text, gpu=gpu)
         except (InvalidTrace, ScheduleError) as one:
             excerpt = text if len(text) <= 80 else text[:77] + "..."
             return type(one)(f"trace {i} of {len(texts)} ({excerpt!r}): {one}")

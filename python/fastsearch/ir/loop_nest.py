@@ -164,15 +164,18 @@ def traces_text(traces: Sequence[Trace], min_split: int = 12) -> list[str]:
     return [text if text is not None else next(written) for text in texts]
 
 
-def features_of_traces(program: _core.Program, traces: Sequence[Trace]) -> list[Any] | None:
-    """Per-store features of each TVM trace on ``program``, each trace written by TVM's
-    ``TraceAsJSON`` and read on the extension's thread that replays it
-    (``Program.extract_features_tvm``): one array per trace, ``None`` for a trace to write
-    with :func:`traces_text` instead. ``None`` where tvm-ffi's layout is not the one the
+def features_of_traces(
+    program: _core.Program, traces: Sequence[Trace], gpu: _core.GpuTarget | None = None
+) -> list[Any] | None:
+    """Per-store features of each TVM trace on ``program`` (for the CUDA target ``gpu`` where
+    given), each trace written by TVM's ``TraceAsJSON`` and read on the extension's thread that
+    replays it (``Program.extract_features_tvm``): one array per trace, ``None`` for a trace to
+    write with :func:`traces_text` instead. ``None`` where tvm-ffi's layout is not the one the
     extension reads. A trace that cannot be replayed fails the batch."""
     if _READER is None:
         return None
-    return list(program.extract_features_tvm(_READER, [t.__chandle__() for t in traces]))
+    handles = [t.__chandle__() for t in traces]
+    return list(program.extract_features_tvm(_READER, handles, gpu=gpu))
 
 
 def _trace_reader() -> _core.TraceReader | None:

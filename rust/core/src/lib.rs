@@ -43,8 +43,8 @@ mod verify_gpu;
 pub use error::{Error, Result};
 pub use features::code_size::{CodeSize, CODE_SIZE_NAMES};
 pub use features::{
-    code_sizes, extract_all, extract_from_json, extract_made, extract_traces, lowered_text,
-    N_FEATURES,
+    code_sizes, extract_all, extract_all_on, extract_from_json, extract_made, extract_traces,
+    extract_traces_on, lowered_text, lowered_text_on, N_FEATURES,
 };
 pub use gpu_target::GpuTarget;
 pub use model::analytical::{estimate_cycles, score as analytical_scores};

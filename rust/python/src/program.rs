@@ -6,11 +6,11 @@ use std::sync::{Arc, OnceLock};
 
 use fastsearch_core::{
     analytical_scores, anneal, apply_trace_to, apply_trace_to_gpu, code_sizes, emit, estimate_gpu,
-    evolve, evolve_gpu, extract_all, extract_made, extract_traces, program_summary, sample_genomes,
-    sample_gpu, sample_gpu_genomes, sample_traces, sketch_features, transfer,
-    transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error, EvolutionConfig, Genome,
-    GpuEvolutionConfig, GpuGenome, GpuSketchSpace, HybridScorer, SearchContext, SketchSpace,
-    CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
+    evolve, evolve_gpu, extract_all_on, extract_made, extract_traces_on, lowered_text_on,
+    program_summary, sample_genomes, sample_gpu, sample_gpu_genomes, sample_traces,
+    sketch_features, transfer, transfer_from_sibling, verify_traces_gpu, AnnealingConfig, Error,
+    EvolutionConfig, Genome, GpuEvolutionConfig, GpuGenome, GpuSketchSpace, HybridScorer,
+    SearchContext, SketchSpace, CODE_SIZE_NAMES, N_FEATURES, SKETCH_FEATURES,
 };
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -456,16 +456,20 @@ impl Program {
     }
 
     /// MetaSchedule's per-store features of each trace (postprocessing included), in parallel:
-    /// one `(n_stores, 164)` float32 array per trace. A trace that cannot be replayed fails the
-    /// batch.
+    /// one `(n_stores, 164)` float32 array per trace. With `gpu`, the features TVM extracts for
+    /// that CUDA target (the trace replayed as a CUDA schedule, the thread extents, TVM's GPU
+    /// lowering). A trace that cannot be replayed fails the batch.
+    #[pyo3(signature = (trace_jsons, *, gpu = None))]
     fn extract_features<'py>(
         &self,
         py: Python<'py>,
         trace_jsons: Vec<String>,
+        gpu: Option<PyRef<'_, PyGpuTarget>>,
     ) -> PyResult<Vec<Bound<'py, PyArray2<f32>>>> {
         let imported = Arc::clone(&self.imported);
+        let gpu = gpu.map(|g| g.gpu.clone());
         let each = guarded(py, "Program.extract_features", move || {
-            extract_all(&imported.program, &trace_jsons)
+            extract_all_on(&imported.program, &trace_jsons, gpu.as_ref())
         })?;
         each.into_iter()
             .map(|data| feature_array(py, data))
@@ -479,25 +483,34 @@ impl Program {
     ///
     /// Internal to fastsearch: the caller passes only addresses of live tvm-ffi objects and
     /// functions and keeps the traces alive during the call, which cannot be interrupted and
-    /// returns only once every trace is read (there is no early return on Ctrl-C).
+    /// returns only once every trace is read (there is no early return on Ctrl-C). `gpu` as
+    /// in `extract_features`.
+    #[pyo3(signature = (reader, traces, *, gpu = None))]
     fn extract_features_tvm<'py>(
         &self,
         py: Python<'py>,
         reader: &TraceReader,
         traces: Vec<usize>,
+        gpu: Option<PyRef<'_, PyGpuTarget>>,
     ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
         let reader = *reader;
         let program = &self.imported.program;
+        let gpu = gpu.map(|g| g.gpu.clone());
         let rows = py
             .detach(|| {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    extract_made(program, &traces, |&t| {
-                        // SAFETY: the caller keeps every trace alive until this returns.
-                        match unsafe { reader.text(t) } {
-                            Some(text) => fastsearch_core::Trace::from_json(&text).map(Some),
-                            None => Ok(None),
-                        }
-                    })
+                    extract_made(
+                        program,
+                        &traces,
+                        |&t| {
+                            // SAFETY: the caller keeps every trace alive until this returns.
+                            match unsafe { reader.text(t) } {
+                                Some(text) => fastsearch_core::Trace::from_json(&text).map(Some),
+                                None => Ok(None),
+                            }
+                        },
+                        gpu.as_ref(),
+                    )
                 }))
             })
             .map_err(|_| InternalError::new_err("Program.extract_features_tvm: panicked"))?
@@ -505,6 +518,23 @@ impl Program {
         rows.into_iter()
             .map(|r| r.map(|data| feature_array(py, data)).transpose())
             .collect()
+    }
+
+    /// The lowered program the features of a trace are read from, as text (the loops and
+    /// stores after the modelled lowering passes; TVM's GPU lowering with `gpu`), for reading
+    /// why a feature has its value.
+    #[pyo3(signature = (trace_json, *, gpu = None))]
+    fn lowered_text(
+        &self,
+        py: Python<'_>,
+        trace_json: String,
+        gpu: Option<PyRef<'_, PyGpuTarget>>,
+    ) -> PyResult<String> {
+        let imported = Arc::clone(&self.imported);
+        let gpu = gpu.map(|g| g.gpu.clone());
+        guarded(py, "Program.lowered_text", move || {
+            lowered_text_on(&imported.program, &trace_json, gpu.as_ref())
+        })
     }
 
     /// The code each trace hands LLVM after TVM's vectorization and unrolling, in parallel: a
@@ -530,21 +560,26 @@ impl Program {
     }
 
     /// Like `extract_features`, one candidate at a time: `None` for a trace that cannot be read
-    /// or replayed. With `postprocess`, the engine's CPU postprocessors run after the trace
-    /// (for traces without their postprocessing instructions).
-    #[pyo3(signature = (trace_jsons, *, postprocess = false))]
+    /// or replayed. With `postprocess`, the engine's postprocessors run after the trace (for
+    /// traces without their postprocessing instructions): MetaSchedule's CUDA set with `gpu`,
+    /// else its CPU set.
+    #[pyo3(signature = (trace_jsons, *, postprocess = false, gpu = None))]
     fn extract_features_each<'py>(
         &self,
         py: Python<'py>,
         trace_jsons: Vec<String>,
         postprocess: bool,
+        gpu: Option<PyRef<'_, PyGpuTarget>>,
     ) -> PyResult<Vec<Option<Bound<'py, PyArray2<f32>>>>> {
         let imported = Arc::clone(&self.imported);
+        let gpu = gpu.map(|g| g.gpu.clone());
         let rows = guarded(py, "Program.extract_features_each", move || {
-            Ok(extract_traces(&imported.program, &trace_jsons, postprocess)
-                .into_iter()
-                .map(Result::ok)
-                .collect::<Vec<_>>())
+            Ok(
+                extract_traces_on(&imported.program, &trace_jsons, postprocess, gpu.as_ref())
+                    .into_iter()
+                    .map(Result::ok)
+                    .collect::<Vec<_>>(),
+            )
         })?;
         rows.into_iter()
             .map(|r| r.map(|data| feature_array(py, data)).transpose())

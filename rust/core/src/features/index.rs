@@ -224,9 +224,19 @@ impl Split {
 
 /// Inclusive bounds, with each variable's bounds given by `var`.
 pub fn sum_bounds(s: &Sum, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
+    sum_bounds_capped(s, var, &|_| None)
+}
+
+/// [`sum_bounds`] where `cap` may bound an index (a variable or a sum inside a term) from
+/// above more tightly than its own bounds do (a predicate on a fused index).
+pub fn sum_bounds_capped(
+    s: &Sum,
+    var: &impl Fn(&str) -> (i64, i64),
+    cap: &impl Fn(&Index) -> Option<i64>,
+) -> (i64, i64) {
     let (mut lo, mut hi) = (s.base, s.base);
     for t in &s.terms {
-        let (a, b) = split_bounds(t, var);
+        let (a, b) = split_bounds(t, var, cap);
         let (x, y) = (a.saturating_mul(t.scale), b.saturating_mul(t.scale));
         lo = lo.saturating_add(x.min(y));
         hi = hi.saturating_add(x.max(y));
@@ -235,11 +245,18 @@ pub fn sum_bounds(s: &Sum, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
 }
 
 /// Bounds of `floordiv(floormod(index, upper), lower)` with TVM's interval rules.
-fn split_bounds(t: &Split, var: &impl Fn(&str) -> (i64, i64)) -> (i64, i64) {
+fn split_bounds(
+    t: &Split,
+    var: &impl Fn(&str) -> (i64, i64),
+    cap: &impl Fn(&Index) -> Option<i64>,
+) -> (i64, i64) {
     let (mut lo, mut hi) = match &t.index {
         Index::Var(v) => var(v),
-        Index::Sum(s) => sum_bounds(s, var),
+        Index::Sum(s) => sum_bounds_capped(s, var, cap),
     };
+    if let Some(c) = cap(&t.index) {
+        hi = hi.min(c).max(lo);
+    }
     if let Some(u) = t.upper {
         if lo >= 0 {
             if hi >= u {
@@ -258,7 +275,7 @@ pub struct Canon<'a> {
 }
 
 impl Canon<'_> {
-    fn var_bounds(&self, v: &str) -> (i64, i64) {
+    pub fn var_bounds(&self, v: &str) -> (i64, i64) {
         match self.extents.get(v) {
             Some(&e) => (0, e - 1),
             None => (i64::MIN / 4, i64::MAX / 4),
@@ -305,6 +322,19 @@ impl Canon<'_> {
                 let k = self.sum(b)?;
                 if !k.is_constant() || k.base <= 0 {
                     return None;
+                }
+                if *op == BinOp::FloorMod {
+                    // TVM reads `floormod(floordiv(x, c), k)` as `floordiv(floormod(x, c * k), c)`
+                    // before its rewrite rules see it (`(f0 * 64 + tx * 2 + v) // 128 % 2` stays
+                    // `(f0 * 64 + tx * 2 + v) % 256 // 128`, where two terms would fold).
+                    if let Expr::Bin(BinOp::FloorDiv, x, c) = &**a {
+                        let c = self.sum(c)?;
+                        if c.is_constant() && c.base > 0 {
+                            if let Some(ck) = c.base.checked_mul(k.base) {
+                                return Some(self.div(&self.modulo(&self.sum(x)?, ck), c.base));
+                            }
+                        }
+                    }
                 }
                 let a = self.sum(a)?;
                 Some(if *op == BinOp::FloorDiv {
@@ -550,6 +580,44 @@ mod tests {
             BinOp::FloorDiv,
             bin(BinOp::Add, v("f"), Expr::Int(8)),
             Expr::Int(16),
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+    }
+
+    #[test]
+    fn a_modulo_of_a_division_is_a_division_of_a_modulo() {
+        // TVM's simplifier (checked with tvm.sym.Analyzer): `(f0*64 + tx*2 + v) // 128 % 2`
+        // becomes `(f0*64 + tx*2 + v) % 256 // 128`, while two terms fold:
+        // `(f0*64 + tx*2) // 128 % 2` becomes `f0 % 4 // 2`.
+        let mut ext = Extents::new();
+        for (x, e) in [("f0", 12), ("tx", 32), ("v", 2)] {
+            ext.insert(x.into(), e);
+        }
+        let c = Canon { extents: &ext };
+        let mul = |x: &str, k: i64| bin(BinOp::Mul, v(x), Expr::Int(k));
+        let add = |a: Expr, b: Expr| bin(BinOp::Add, a, b);
+        let three = add(add(mul("f0", 64), mul("tx", 2)), v("v"));
+        let e = bin(
+            BinOp::FloorMod,
+            bin(BinOp::FloorDiv, three.clone(), Expr::Int(128)),
+            Expr::Int(2),
+        );
+        let want = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::FloorMod, three, Expr::Int(256)),
+            Expr::Int(128),
+        );
+        assert_eq!(c.sum(&e).unwrap().to_expr(), want);
+        let two = add(mul("f0", 64), mul("tx", 2));
+        let e = bin(
+            BinOp::FloorMod,
+            bin(BinOp::FloorDiv, two, Expr::Int(128)),
+            Expr::Int(2),
+        );
+        let want = bin(
+            BinOp::FloorDiv,
+            bin(BinOp::FloorMod, v("f0"), Expr::Int(4)),
+            Expr::Int(2),
         );
         assert_eq!(c.sum(&e).unwrap().to_expr(), want);
     }

@@ -9,12 +9,27 @@
 //!   region accessed under that loop, with indices shifted accordingly
 //!   (PlanAndUpdateBufferAllocationLocation, CompactBufferAllocation);
 //! * integer indices take the simplifier's normal form (StmtSimplify).
+//!
+//! On a GPU ([`lower_for`] with `gpu`), three passes of the list matter too:
+//!
+//! * LowerCrossThreadReduction: a reduction with a reduction loop bound to a thread becomes an
+//!   in-thread reduction into a one-element local buffer (`in_thread_<name>`, when a reduction
+//!   loop is not bound or the block has a predicate), an all-reduce across the threads (no
+//!   store) into `cross_thread_<name>`, and a write-back of that into the buffer, under the
+//!   bound reduction loops only;
+//! * PlanAndUpdateBufferAllocationLocation keeps a global buffer's allocation above every
+//!   `blockIdx` loop;
+//! * UnifyThreadBinding: in each kernel (the subtree of an outermost thread-bound loop), the
+//!   loops bound to one thread tag become one loop (the first), and all of the kernel's thread
+//!   loops move to its top, in the order they first occur; every store and allocation inside
+//!   the kernel is then under all of them.
 
 use std::collections::HashMap;
 
-use super::index::{gcd, Canon, Extents, Index, Split, Sum};
+use super::index::{gcd, sum_bounds_capped, Canon, Extents, Index, Split, Sum};
 use crate::error::{Error, Result};
-use crate::program::{BinOp, Expr, LoopKind};
+use crate::program::{BinOp, Buffer, Expr, IterKind, LoopKind};
+use crate::schedule::arith::uses_var;
 use crate::schedule::compute::can_relax_under_thread;
 use crate::schedule::state::{Child, State};
 
@@ -53,6 +68,18 @@ pub struct Lowered {
     /// Shape of every buffer after compaction.
     pub shapes: Vec<Vec<i64>>,
     pub allocs: Vec<LAlloc>,
+    /// Buffers the lowering adds (the cross-thread reductions' local buffers), numbered after
+    /// the state's: buffer `st.buffers.len() + i` is `extra_buffers[i]`.
+    pub extra_buffers: Vec<Buffer>,
+}
+
+impl Lowered {
+    /// A buffer of the state or one the lowering added.
+    pub fn buffer<'a>(&'a self, st: &'a State, b: usize) -> &'a Buffer {
+        st.buffers
+            .get(b)
+            .unwrap_or_else(|| &self.extra_buffers[b - st.buffers.len()])
+    }
 }
 
 /// A store before index normalization: indices still as expressions in loop variables.
@@ -63,13 +90,21 @@ struct RawStore {
     value: Expr,
     loops: Vec<usize>,
     constant: bool,
+    /// The block's predicate (in loop variables).
+    predicate: Expr,
 }
 
 struct Walker<'a> {
     st: &'a State,
+    gpu: bool,
     loops: Vec<LLoop>,
+    /// Each loop's enclosing loops, itself last.
+    paths: Vec<Vec<usize>>,
     extents: Extents,
     stores: Vec<RawStore>,
+    /// Buffers the cross-thread reductions add, and where each is allocated.
+    extra: Vec<Buffer>,
+    extra_allocs: Vec<LAlloc>,
 }
 
 fn is_literal(e: &Expr) -> bool {
@@ -134,7 +169,7 @@ fn drop_pure_selects(e: &Expr, dtype: &str) -> Expr {
     }
 }
 
-impl Walker<'_> {
+impl<'a> Walker<'a> {
     fn walk(&mut self, children: &[Child], path: &mut Vec<usize>) -> Result<()> {
         for &c in children {
             match c {
@@ -164,6 +199,7 @@ impl Walker<'_> {
                         auto_unroll,
                     });
                     path.push(self.loops.len() - 1);
+                    self.paths.push(path.clone());
                     self.walk(&lp.children, path)?;
                     path.pop();
                 }
@@ -174,7 +210,8 @@ impl Walker<'_> {
     }
 
     fn block(&mut self, b: usize, path: &[usize]) -> Result<()> {
-        let sb = &self.st.blocks[b];
+        let st: &'a State = self.st;
+        let sb = &st.blocks[b];
         let blk = &sb.block;
         if blk.children.is_some() {
             return Err(Error::Unsupported(format!(
@@ -189,6 +226,23 @@ impl Walker<'_> {
             .zip(sb.bindings.iter())
             .collect();
         let sub = |e: &Expr| e.substitute(&|v: &str| map.get(v).map(|x| (*x).clone()));
+        if self.gpu && blk.init.is_some() {
+            let reduction: Vec<usize> = path
+                .iter()
+                .copied()
+                .filter(|&l| {
+                    let var = &self.loops[l].var;
+                    blk.iter_vars
+                        .iter()
+                        .zip(&sb.bindings)
+                        .any(|(iv, e)| iv.kind == IterKind::Reduce && uses_var(e, var))
+                })
+                .collect();
+            if reduction.iter().any(|&l| self.loops[l].thread.is_some()) {
+                let has_predicate = !matches!(sb.predicate, Expr::Bool(true));
+                return self.cross_thread_reduction(b, path, &reduction, has_predicate, &sub);
+            }
+        }
         for s in blk.init.iter().flatten().chain(blk.body.iter()) {
             let dtype = &self.st.buffers[s.buffer].dtype;
             let value = drop_pure_selects(&sub(&s.value), dtype);
@@ -199,9 +253,116 @@ impl Walker<'_> {
                 constant: is_literal(&value),
                 value,
                 loops: path.to_vec(),
+                predicate: sb.predicate.clone(),
             });
         }
         Ok(())
+    }
+
+    /// LowerCrossThreadReduction of block `b` (its reduction loops `reduction`, in `path`
+    /// order): the init goes (the in-thread init stores a literal); with `in_thread` (a
+    /// reduction loop not bound to a thread, or a predicate), each update stores into a new
+    /// one-element local buffer under the loops outside the reduction, the bound reduction
+    /// loops, then the others; the result is written back from the all-reduce's local buffer
+    /// under the loops outside and the bound reduction loops.
+    fn cross_thread_reduction(
+        &mut self,
+        b: usize,
+        path: &[usize],
+        reduction: &[usize],
+        has_predicate: bool,
+        sub: &impl Fn(&Expr) -> Expr,
+    ) -> Result<()> {
+        let st: &'a State = self.st;
+        let blk = &st.blocks[b].block;
+        let first = path.iter().position(|&l| l == reduction[0]).unwrap_or(0);
+        let (bound, unbound): (Vec<usize>, Vec<usize>) = reduction
+            .iter()
+            .partition(|&&l| self.loops[l].thread.is_some());
+        let mut outer_bound: Vec<usize> = path[..first].to_vec();
+        outer_bound.extend(&bound);
+        let in_thread = !unbound.is_empty() || has_predicate;
+        let n_state = st.buffers.len();
+        for s in &blk.body {
+            let buffer = &st.buffers[s.buffer];
+            let local = |prefix: &str| Buffer {
+                name: format!("{prefix}_thread_{}", buffer.name),
+                shape: vec![1],
+                dtype: buffer.dtype.clone(),
+                scope: "local".into(),
+            };
+            let cross = n_state + self.extra.len();
+            self.extra.push(local("cross"));
+            if in_thread {
+                let it = n_state + self.extra.len();
+                self.extra.push(local("in"));
+                self.extra_allocs.push(LAlloc {
+                    buffer: it,
+                    loops: outer_bound.clone(),
+                });
+                let value = drop_pure_selects(&sub(&s.value), &buffer.dtype);
+                let value = replace_loads(&value, s.buffer, it);
+                let mut loops = outer_bound.clone();
+                loops.extend(&unbound);
+                self.stores.push(RawStore {
+                    block: b,
+                    buffer: it,
+                    indices: vec![Expr::Int(0)],
+                    constant: is_literal(&value),
+                    value,
+                    loops,
+                    predicate: st.blocks[b].predicate.clone(),
+                });
+            }
+            self.stores.push(RawStore {
+                block: b,
+                buffer: s.buffer,
+                indices: s.indices.iter().map(sub).collect(),
+                value: Expr::Load {
+                    buffer: cross,
+                    indices: vec![Expr::Int(0)],
+                },
+                loops: outer_bound.clone(),
+                constant: false,
+                predicate: Expr::Bool(true),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `e` with every load of `from` (at any index) a load of `to[0]`.
+fn replace_loads(e: &Expr, from: usize, to: usize) -> Expr {
+    match e {
+        Expr::Load { buffer, .. } if *buffer == from => Expr::Load {
+            buffer: to,
+            indices: vec![Expr::Int(0)],
+        },
+        Expr::Load { buffer, indices } => Expr::Load {
+            buffer: *buffer,
+            indices: indices.iter().map(|i| replace_loads(i, from, to)).collect(),
+        },
+        Expr::Bin(op, a, b) => Expr::Bin(
+            *op,
+            Box::new(replace_loads(a, from, to)),
+            Box::new(replace_loads(b, from, to)),
+        ),
+        Expr::Not(a) => Expr::Not(Box::new(replace_loads(a, from, to))),
+        Expr::Select(c, a, b) => Expr::Select(
+            Box::new(replace_loads(c, from, to)),
+            Box::new(replace_loads(a, from, to)),
+            Box::new(replace_loads(b, from, to)),
+        ),
+        Expr::Cast { dtype, value } => Expr::Cast {
+            dtype: dtype.clone(),
+            value: Box::new(replace_loads(value, from, to)),
+        },
+        Expr::Call { name, dtype, args } => Expr::Call {
+            name: name.clone(),
+            dtype: dtype.clone(),
+            args: args.iter().map(|a| replace_loads(a, from, to)).collect(),
+        },
+        _ => e.clone(),
     }
 }
 
@@ -252,7 +413,7 @@ fn side(t: &Split, outer_vars: &[String]) -> Side {
     }
 }
 
-fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
+fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String], preds: &[(Sum, i64)]) -> DimRegion {
     let mut outer = Sum::constant(0);
     let mut inner = Sum::constant(s.base);
     let mut inner_span = 0;
@@ -269,12 +430,90 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String]) -> DimRegion {
             inner = inner.add(&Sum::term(t.clone()), 1);
         }
     }
-    let (lo, hi) = canon.bounds(&inner);
+    let (lo, hi) = sum_bounds_capped(&inner, &|v| canon.var_bounds(v), &|i| {
+        predicate_cap(canon, i, preds)
+    });
     DimRegion {
         outer,
         lo,
         hi: hi + inner_span,
     }
+}
+
+/// A block predicate's conjuncts `S < c` (`S` a sum of terms with positive scales, no
+/// constant): what CompactBufferAllocation's region estimate (an iterator map under the
+/// predicate) may use to bound the indices of the block's accesses. `true` where `None`.
+fn predicate_sums(canon: &Canon, e: &Expr, out: &mut Vec<(Sum, i64)>) {
+    match e {
+        Expr::Bin(BinOp::And, a, b) => {
+            predicate_sums(canon, a, out);
+            predicate_sums(canon, b, out);
+        }
+        Expr::Bin(op @ (BinOp::Lt | BinOp::Le), a, b) => {
+            let (Some(x), Some(y)) = (canon.sum(a), canon.sum(b)) else {
+                return;
+            };
+            let mut d = x.add(&y, -1);
+            // d.terms + d.base < 0 (or <= 0): terms < -base (or < 1 - base).
+            let c = -d.base + i64::from(*op == BinOp::Le);
+            d.base = 0;
+            if !d.terms.is_empty() && d.terms.iter().all(|t| t.scale > 0) {
+                out.push((d, c));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The upper bound a predicate `S < c` gives an index `T` where `S = d * T + R` with `R`
+/// (the rest of `S`'s terms) within `[0, d)`: `T <= (c - 1) / d`.
+fn predicate_cap(canon: &Canon, index: &Index, preds: &[(Sum, i64)]) -> Option<i64> {
+    let t = match index {
+        Index::Var(v) => Sum::term(Split {
+            index: Index::Var(v.clone()),
+            lower: 1,
+            upper: None,
+            scale: 1,
+        }),
+        Index::Sum(s) => (**s).clone(),
+    };
+    if t.base != 0 || t.terms.is_empty() {
+        return None;
+    }
+    preds
+        .iter()
+        .filter_map(|(s, c)| {
+            // d from a term of `T` and the term of `S` over the same index:
+            // `scale_s * (x // lower_s) == d * scale_t * (x // lower_t)`.
+            let u = &t.terms[0];
+            let w = s
+                .terms
+                .iter()
+                .find(|w| w.index == u.index && w.upper == u.upper)?;
+            let num = w.scale.checked_mul(u.lower)?;
+            let den = u.scale.checked_mul(w.lower)?;
+            if den <= 0 || num % den != 0 {
+                return None;
+            }
+            let d = num / den;
+            (d > 0 && same_sum(&canon.div(s, d), &t)).then(|| (c - 1).div_euclid(d))
+        })
+        .min()
+}
+
+/// Whether two canonical sums have the same terms (in any order) and constant.
+fn same_sum(a: &Sum, b: &Sum) -> bool {
+    a.base == b.base
+        && a.terms.len() == b.terms.len()
+        && a.terms.iter().all(|x| {
+            b.terms
+                .iter()
+                .any(|y| same_split(x, y) && x.scale == y.scale)
+        })
+}
+
+fn same_split(a: &Split, b: &Split) -> bool {
+    a.index == b.index && a.lower == b.lower && a.upper == b.upper
 }
 
 /// `floordiv(O + I, k) * c`, `O` in outer and `I` in inner variables only, where the range of
@@ -323,29 +562,62 @@ fn split_over_inner(canon: &Canon, t: &Split, outer_vars: &[String]) -> Option<(
     Some((start, t.scale * ((b - a) / q)))
 }
 
+/// An access to compact a buffer by: its indices, and the block predicate's `S < c` bounds.
+type Site<'a> = (&'a Vec<Sum>, Vec<(Sum, i64)>);
+
 /// Each store's indices and loads as sums, per store: (indices, [(buffer, indices)]).
 type AccessSums = (Vec<Vec<Sum>>, Vec<Vec<(usize, Vec<Sum>)>>);
 
-/// Lowers the scheduled state to what TVM's feature extractor visits.
+/// Lowers the scheduled state to what TVM's feature extractor visits on a CPU.
 pub fn lower(st: &State) -> Result<Lowered> {
+    lower_for(st, false)
+}
+
+/// Lowers the scheduled state to what TVM's feature extractor visits, on a GPU with `gpu`
+/// (cross-thread reductions, global allocations above `blockIdx`, unified thread loops).
+pub fn lower_for(st: &State, gpu: bool) -> Result<Lowered> {
     let mut w = Walker {
         st,
+        gpu,
         loops: Vec::new(),
+        paths: Vec::new(),
         extents: Extents::new(),
         stores: Vec::new(),
+        extra: Vec::new(),
+        extra_allocs: Vec::new(),
     };
     let mut path = Vec::new();
     w.walk(&st.top, &mut path)?;
     let Walker {
         loops,
+        paths,
         extents,
         stores: raw,
+        extra,
+        extra_allocs,
         ..
     } = w;
     let canon = Canon { extents: &extents };
     let (sums, loads) = access_sums(&canon, &raw)?;
 
     let mut shapes: Vec<Vec<i64>> = st.buffers.iter().map(|b| b.shape.clone()).collect();
+    shapes.extend(extra.iter().map(|b| b.shape.clone()));
+    // The loops bound to blockIdx, each with its enclosing loops (itself last).
+    let block_idx: Vec<&Vec<usize>> = if gpu {
+        paths
+            .iter()
+            .filter(|p| {
+                p.last().is_some_and(|&l| {
+                    loops[l]
+                        .thread
+                        .as_deref()
+                        .is_some_and(|t| t.starts_with("blockIdx."))
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // Per buffer: the offset subtracted from each dimension after compaction.
     let mut offsets: HashMap<usize, Vec<Sum>> = HashMap::new();
     let mut allocs = Vec::new();
@@ -381,10 +653,17 @@ pub fn lower(st: &State) -> Result<Lowered> {
             let p = &raw[*i].loops;
             depth = depth.min(p.iter().zip(first).take_while(|(a, b)| a == b).count());
         }
+        let scope = st.buffers[buf].scope.as_str();
+        // A global buffer stays above every blockIdx loop (the LCA detector's
+        // UpdateWithBlockidx).
+        if matches!(scope, "" | "global") {
+            for p in &block_idx {
+                depth = depth.min(p.iter().zip(first).take_while(|(a, b)| a == b).count());
+            }
+        }
         let lca: Vec<usize> = first[..depth].to_vec();
         // A buffer shared by the threads of a loop (shared memory across threadIdx) holds what
         // all of them access: CompactBufferAllocation relaxes those thread loops too.
-        let scope = st.buffers[buf].scope.as_str();
         let outer_vars: Vec<String> = lca
             .iter()
             .filter(|&&l| {
@@ -399,17 +678,151 @@ pub fn lower(st: &State) -> Result<Lowered> {
             buffer: buf,
             loops: lca,
         });
-        let idx: Vec<&Vec<Sum>> = sites.iter().map(|(_, v)| *v).collect();
+        // On a GPU, the predicates of the blocks, where they read only the relaxed loops
+        // (ConditionalBoundsContext and EstimateRegionUpperBound).
+        let idx: Vec<Site> = sites
+            .iter()
+            .map(|(i, v)| {
+                let mut preds = Vec::new();
+                if gpu {
+                    predicate_sums(&canon, &raw[*i].predicate, &mut preds);
+                    preds.retain(|(p, _)| {
+                        let mut vs = Vec::new();
+                        p.vars(&mut vs);
+                        vs.iter().all(|v| !outer_vars.contains(v))
+                    });
+                }
+                (*v, preds)
+            })
+            .collect();
         let off = compact(st, &canon, buf, &mut shapes[buf], &idx, &outer_vars)?;
         offsets.insert(buf, off);
     }
-    let stores = lowered_stores(&canon, raw, &sums, &loads, &offsets);
+    allocs.extend(extra_allocs);
+    let mut stores = lowered_stores(&canon, raw, &sums, &loads, &offsets);
+    if gpu {
+        unify_thread_binding(&canon, &loops, &paths, &mut stores, &mut allocs);
+    }
     Ok(Lowered {
         loops,
         stores,
         shapes,
         allocs,
+        extra_buffers: extra,
     })
+}
+
+/// UnifyThreadBinding: in each kernel, the first loop of each thread tag stands for all the
+/// loops of that tag (their variables renamed to its), and all of them enclose everything in
+/// the kernel, outermost the first to occur. Rewrites the stores' and allocations' loops and
+/// the stores' indices (simplified again, as the second StmtSimplify does).
+fn unify_thread_binding(
+    canon: &Canon,
+    loops: &[LLoop],
+    paths: &[Vec<usize>],
+    stores: &mut [LStore],
+    allocs: &mut [LAlloc],
+) {
+    // Per kernel root: its thread loops, one per tag, in pre-order (loop ids are pre-order).
+    let mut launch: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut rename: HashMap<String, String> = HashMap::new();
+    for (l, p) in paths.iter().enumerate() {
+        let Some(tag) = loops[l].thread.as_deref() else {
+            continue;
+        };
+        let Some(&root) = p.iter().find(|&&x| loops[x].thread.is_some()) else {
+            continue;
+        };
+        let threads = launch.entry(root).or_default();
+        match threads
+            .iter()
+            .find(|&&t| loops[t].thread.as_deref() == Some(tag))
+        {
+            Some(&rep) => {
+                rename.insert(loops[l].var.clone(), loops[rep].var.clone());
+            }
+            None => threads.push(l),
+        }
+    }
+    if launch.is_empty() {
+        return;
+    }
+    let unify = |path: &[usize]| -> Vec<usize> {
+        let mut out = Vec::with_capacity(path.len());
+        let mut inside = false;
+        for &l in path {
+            if loops[l].thread.is_none() {
+                out.push(l);
+            } else if !inside {
+                inside = true;
+                out.extend(launch.get(&l).into_iter().flatten());
+            }
+        }
+        out
+    };
+    for a in allocs.iter_mut() {
+        a.loops = unify(&a.loops);
+    }
+    let renamed = |e: &Expr| e.substitute(&|v: &str| rename.get(v).map(|r| Expr::Var(r.clone())));
+    for s in stores.iter_mut() {
+        s.loops = unify(&s.loops);
+        if rename.is_empty() {
+            continue;
+        }
+        let touches = |e: &Expr| {
+            let mut found = false;
+            e.visit(&mut |x| found |= matches!(x, Expr::Var(v) if rename.contains_key(v)));
+            found
+        };
+        if s.indices.iter().any(touches) {
+            s.indices = s
+                .indices
+                .iter()
+                .map(|i| {
+                    let i = renamed(i);
+                    canon.sum(&i).map_or(i, |x| x.to_expr())
+                })
+                .collect();
+        }
+        if touches(&s.value) {
+            let value = renamed(&s.value);
+            s.value = normalize_int_operands(canon, &canon_load_indices(canon, &value));
+        }
+    }
+}
+
+/// `e` with each load's indices in the simplifier's normal form.
+fn canon_load_indices(canon: &Canon, e: &Expr) -> Expr {
+    match e {
+        Expr::Load { buffer, indices } => Expr::Load {
+            buffer: *buffer,
+            indices: indices
+                .iter()
+                .map(|i| canon.sum(i).map_or_else(|| i.clone(), |x| x.to_expr()))
+                .collect(),
+        },
+        Expr::Bin(op, a, b) => Expr::Bin(
+            *op,
+            Box::new(canon_load_indices(canon, a)),
+            Box::new(canon_load_indices(canon, b)),
+        ),
+        Expr::Not(a) => Expr::Not(Box::new(canon_load_indices(canon, a))),
+        Expr::Select(c, a, b) => Expr::Select(
+            Box::new(canon_load_indices(canon, c)),
+            Box::new(canon_load_indices(canon, a)),
+            Box::new(canon_load_indices(canon, b)),
+        ),
+        Expr::Cast { dtype, value } => Expr::Cast {
+            dtype: dtype.clone(),
+            value: Box::new(canon_load_indices(canon, value)),
+        },
+        Expr::Call { name, dtype, args } => Expr::Call {
+            name: name.clone(),
+            dtype: dtype.clone(),
+            args: args.iter().map(|a| canon_load_indices(canon, a)).collect(),
+        },
+        _ => e.clone(),
+    }
 }
 
 /// The indices of every store and load, as canonical sums.
@@ -445,13 +858,13 @@ fn compact(
     canon: &Canon,
     buf: usize,
     shape: &mut [i64],
-    sites: &[&Vec<Sum>],
+    sites: &[Site],
     outer_vars: &[String],
 ) -> Result<Vec<Sum>> {
     let ndim = shape.len();
     let mut region: Vec<Option<DimRegion>> = (0..ndim).map(|_| None).collect();
     let mut compactable = vec![true; ndim];
-    for idx in sites {
+    for (idx, preds) in sites {
         if idx.len() != ndim {
             return Err(Error::Internal(format!(
                 "buffer {} accessed with {} indices, has {} dimensions",
@@ -461,7 +874,7 @@ fn compact(
             )));
         }
         for d in 0..ndim {
-            let r = dim_region(canon, &idx[d], outer_vars);
+            let r = dim_region(canon, &idx[d], outer_vars, preds);
             region[d] = Some(match region[d].take() {
                 None => r,
                 Some(prev) => {
@@ -864,7 +1277,7 @@ pub fn show(e: &Expr, names: &impl Fn(usize) -> String) -> String {
 impl Lowered {
     /// The lowered program as text: each store under its loops (allocations listed first).
     pub fn text(&self, st: &State) -> String {
-        let names = |b: usize| st.buffers[b].name.clone();
+        let names = |b: usize| self.buffer(st, b).name.clone();
         let mut out = String::new();
         for a in &self.allocs {
             out.push_str(&format!(

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+use crate::gpu_target::GpuTarget;
 use crate::program::{dtype_bits, Program};
 use crate::schedule::{trace, State, Trace};
 use lower::{LLoop, Lowered};
@@ -58,20 +59,32 @@ fn storage_bytes(dtype: &str) -> i64 {
 /// The feature rows of one scheduled state, row-major, `N_FEATURES` values each.
 pub fn extract_state(st: &State) -> Result<Vec<f32>> {
     let low = lower::lower(st)?;
-    Ok(rows(st, &low))
+    Ok(rows(st, &low, false))
 }
 
-fn rows(st: &State, low: &Lowered) -> Vec<f32> {
-    let bytes: Vec<i64> = st.buffers.iter().map(|b| storage_bytes(&b.dtype)).collect();
-    let is_float: Vec<bool> = st
-        .buffers
-        .iter()
-        .map(|b| b.dtype.starts_with("float") || b.dtype.starts_with("bfloat"))
+/// [`extract_state`] for a GPU target: TVM's lowering for GPUs ([`lower::lower_for`]) and the
+/// thread extents of group 1.
+pub fn extract_state_gpu(st: &State) -> Result<Vec<f32>> {
+    let low = lower::lower_for(st, true)?;
+    Ok(rows(st, &low, true))
+}
+
+fn rows(st: &State, low: &Lowered, is_gpu: bool) -> Vec<f32> {
+    let n_buffers = st.buffers.len() + low.extra_buffers.len();
+    let buffer = |b: usize| low.buffer(st, b);
+    let bytes: Vec<i64> = (0..n_buffers)
+        .map(|b| storage_bytes(&buffer(b).dtype))
+        .collect();
+    let is_float: Vec<bool> = (0..n_buffers)
+        .map(|b| {
+            let d = &buffer(b).dtype;
+            d.starts_with("float") || d.starts_with("bfloat")
+        })
         .collect();
     let info = |b: usize| access::BufferInfo {
         shape: &low.shapes[b],
         bytes: bytes[b],
-        name: &st.buffers[b].name,
+        name: &buffer(b).name,
     };
     let allocation = |b: usize| -> Option<alloc::Allocation> {
         let numel = |shape: &[i64]| shape.iter().fold(1i64, |a, &d| a.saturating_mul(d));
@@ -109,7 +122,7 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
                 .loops
                 .iter()
                 .fold(1i64, |p, &l| p.saturating_mul(low.loops[l].extent)),
-            is_gpu: false,
+            is_gpu,
         };
         let mut v = Vec::with_capacity(N_FEATURES);
         let ops = arith::ArithOps::of_value(&s.value, nest.prod as f64, &|b| is_float[b]);
@@ -147,12 +160,14 @@ fn rows(st: &State, low: &Lowered) -> Vec<f32> {
 /// Replays each trace on the program and reads `read` off its state, in parallel; the result
 /// does not depend on the thread count. Without `postprocess` the trace's own postprocessing
 /// instructions are replayed (a schedule's trace after MetaSchedule's postprocessors); with it,
-/// they are skipped and fastsearch's CPU postprocessors run instead (a trace as stored in a
-/// database, or a candidate's key, which has none).
+/// they are skipped and fastsearch's postprocessors run instead (a trace as stored in a
+/// database, or a candidate's key, which has none): MetaSchedule's CUDA set for a `gpu`
+/// target, else its CPU set.
 fn read_replayed<T: Send>(
     program: &Program,
     traces: &[String],
     postprocess: bool,
+    gpu: Option<&GpuTarget>,
     read: impl Fn(&State) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
     read_made(
@@ -160,6 +175,7 @@ fn read_replayed<T: Send>(
         traces,
         |t| Trace::from_json(t).map(Some),
         postprocess,
+        gpu,
         read,
     )
     .into_iter()
@@ -174,6 +190,7 @@ fn read_made<S: Sync, T: Send>(
     sources: &[S],
     make: impl Fn(&S) -> Result<Option<Trace>> + Sync,
     postprocess: bool,
+    gpu: Option<&GpuTarget>,
     read: impl Fn(&State) -> Result<T> + Sync,
 ) -> Vec<Result<Option<T>>> {
     let base = State::from_program(program);
@@ -182,12 +199,24 @@ fn read_made<S: Sync, T: Send>(
             return Ok(None);
         };
         let mut st = base.clone()?;
-        trace::apply_trace(&mut st, &trace, postprocess)?;
+        match gpu {
+            Some(target) => trace::apply_trace_gpu(&mut st, &trace, target, postprocess)?,
+            None => trace::apply_trace(&mut st, &trace, postprocess)?,
+        }
         read(&st).map(Some)
     })
     .into_iter()
     .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a candidate was not replayed".into()))))
     .collect()
+}
+
+/// The features of a replayed state: for a GPU target where `gpu` is given, else a CPU one.
+fn extract_on(gpu: Option<&GpuTarget>) -> fn(&State) -> Result<Vec<f32>> {
+    if gpu.is_some() {
+        extract_state_gpu
+    } else {
+        extract_state
+    }
 }
 
 /// `f` of each item, in order (every one `Some` once the call returns), computed by the calling
@@ -215,14 +244,16 @@ fn map_with_caller<S: Sync, T: Send>(items: &[S], f: impl Fn(&S) -> T + Sync) ->
 }
 
 /// The features of the traces `make` builds from `sources` (a trace's postprocessing replayed,
-/// as in [`extract_all`]), each made on the thread that replays it: `None` where `make` has no
-/// trace; the first that cannot be made or replayed fails the batch, its index in the error.
+/// as in [`extract_all`]; GPU features for a `gpu` target), each made on the thread that
+/// replays it: `None` where `make` has no trace; the first that cannot be made or replayed
+/// fails the batch, its index in the error.
 pub fn extract_made<S: Sync>(
     program: &Program,
     sources: &[S],
     make: impl Fn(&S) -> Result<Option<Trace>> + Sync,
+    gpu: Option<&GpuTarget>,
 ) -> Result<Vec<Option<Vec<f32>>>> {
-    read_made(program, sources, make, false, extract_state)
+    read_made(program, sources, make, false, gpu, extract_on(gpu))
         .into_iter()
         .enumerate()
         .map(|(i, r)| r.map_err(|e| naming_candidate(i, e)))
@@ -235,7 +266,19 @@ pub fn extract_traces(
     traces: &[String],
     postprocess: bool,
 ) -> Vec<Result<Vec<f32>>> {
-    read_replayed(program, traces, postprocess, extract_state)
+    extract_traces_on(program, traces, postprocess, None)
+}
+
+/// [`extract_traces`] for a target: a CUDA one where `gpu` is given (the trace replayed for
+/// it, or its CUDA postprocessors run with `postprocess`, and the features TVM extracts for
+/// GPU targets), else a CPU one.
+pub fn extract_traces_on(
+    program: &Program,
+    traces: &[String],
+    postprocess: bool,
+    gpu: Option<&GpuTarget>,
+) -> Vec<Result<Vec<f32>>> {
+    read_replayed(program, traces, postprocess, gpu, extract_on(gpu))
 }
 
 /// Replays each trace on the program and measures its code ([`code_size::code_size`],
@@ -245,15 +288,28 @@ pub fn code_sizes(
     traces: &[String],
     postprocess: bool,
 ) -> Vec<Result<code_size::CodeSize>> {
-    read_replayed(program, traces, postprocess, code_size::code_size)
+    read_replayed(program, traces, postprocess, None, code_size::code_size)
 }
 
 /// The lowered program the features of one trace are read from, as text: the loops and stores
 /// after the modelled lowering passes, for reading why a feature has its value.
 pub fn lowered_text(program: &Program, trace_json: &str) -> Result<String> {
+    lowered_text_on(program, trace_json, None)
+}
+
+/// [`lowered_text`] for a target: a CUDA one where `gpu` is given (TVM's lowering for GPUs).
+pub fn lowered_text_on(
+    program: &Program,
+    trace_json: &str,
+    gpu: Option<&GpuTarget>,
+) -> Result<String> {
     let mut st = State::from_program(program)?;
-    trace::apply_trace(&mut st, &Trace::from_json(trace_json)?, false)?;
-    Ok(lower::lower(&st)?.text(&st))
+    let trace = Trace::from_json(trace_json)?;
+    match gpu {
+        Some(target) => trace::apply_trace_gpu(&mut st, &trace, target, false)?,
+        None => trace::apply_trace(&mut st, &trace, false)?,
+    }
+    Ok(lower::lower_for(&st, gpu.is_some())?.text(&st))
 }
 
 /// [`extract_traces`] from JSON, failing on the first candidate that fails (naming it): the
@@ -267,7 +323,16 @@ pub fn extract_from_json(program_json: &str, traces: &[String]) -> Result<(Vec<f
 /// The features of every trace on `program` (row-major, [`N_FEATURES`] per row), one vector per
 /// trace; the first trace that cannot be replayed fails the batch, its index in the error.
 pub fn extract_all(program: &Program, traces: &[String]) -> Result<Vec<Vec<f32>>> {
-    extract_traces(program, traces, false)
+    extract_all_on(program, traces, None)
+}
+
+/// [`extract_all`] for a target: a CUDA one where `gpu` is given ([`extract_traces_on`]).
+pub fn extract_all_on(
+    program: &Program,
+    traces: &[String],
+    gpu: Option<&GpuTarget>,
+) -> Result<Vec<Vec<f32>>> {
+    extract_traces_on(program, traces, false, gpu)
         .into_iter()
         .enumerate()
         .map(|(i, r)| r.map_err(|e| naming_candidate(i, e)))
