@@ -38,12 +38,12 @@ from tvm.s_tir.meta_schedule.feature_extractor import PyFeatureExtractor
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 from tvm_ffi import register_error, structural_hash
 
-from fastsearch import errors
+from fastsearch import _core, errors
 from fastsearch.costmodel.features import N_FEATURES, extract_features_each
 from fastsearch.costmodel.learned import StoreFeatureModel, pool_store_features
 from fastsearch.errors import FastsearchError
 from fastsearch.ir.loop_nest import trace_text, traces_text
-from fastsearch.ir.target import require_searchable
+from fastsearch.ir.target import cuda_limits, require_searchable, target_kind
 from fastsearch.ir.tir_import import imported_program
 from fastsearch.search.sample import fresh_copy
 
@@ -73,6 +73,17 @@ def _register_errors() -> None:
 _register_errors()
 
 
+def _task_gpu(context: ms.TuneContext, what: str) -> _core.GpuTarget | None:
+    """The limits of a CUDA task's target (None for a CPU task); another GPU target, or a CUDA
+    target without its limits, is refused with a typed error naming ``what``."""
+    if context.target is None:
+        return None
+    if target_kind(context.target) == "cuda":
+        return cuda_limits(context.target)
+    require_searchable(context.target, what)
+    return None
+
+
 def store_features(
     context: ms.TuneContext, candidates: Sequence[MeasureCandidate], fallback: bool = True
 ) -> tuple[list[np.ndarray], int]:
@@ -80,12 +91,12 @@ def store_features(
     fallback) and how many came from TVM's fallback.
 
     A candidate the engine cannot replay is extracted by MetaSchedule's ``PerStoreFeature``
-    when ``fallback`` (same layout), else its engine error is raised. A GPU task is refused
-    (:class:`fastsearch.UnsupportedTarget`): the features are CPU features."""
-    if context.target is not None:
-        require_searchable(context.target, "fastsearch's per-store features")
+    when ``fallback`` (same layout), else its engine error is raised. A CUDA task gets
+    ``PerStoreFeature``'s GPU features; other GPU targets are refused
+    (:class:`fastsearch.UnsupportedTarget`)."""
+    gpu = _task_gpu(context, "fastsearch's per-store features")
     texts = traces_text([c.sch.trace for c in candidates])
-    rows = extract_features_each(imported_program(context.mod), texts)
+    rows = extract_features_each(imported_program(context.mod), texts, gpu)
     bad = [i for i, r in enumerate(rows) if isinstance(r, FastsearchError)]
     if bad and not fallback:
         raise rows[bad[0]]  # type: ignore[misc]
@@ -340,8 +351,7 @@ class SearchStrategy(PySearchStrategy):
         self.stats = SearchStats()
 
     def _initialize_with_tune_context(self, context: ms.TuneContext) -> None:
-        if context.target is not None:
-            require_searchable(context.target, "fastsearch.metaschedule.SearchStrategy")
+        self.gpu = _task_gpu(context, "fastsearch.metaschedule.SearchStrategy")
         self.context = context
         self.task = str(context.task_name or "main")
         self.mod = context.mod
@@ -462,7 +472,9 @@ class SearchStrategy(PySearchStrategy):
         replay, and scores the rest with the cost model."""
         todo = [i for i in individuals if i.pooled is None]
         if todo:
-            rows = extract_features_each(self.program, traces_text([i.schedule.trace for i in todo]))
+            rows = extract_features_each(
+                self.program, traces_text([i.schedule.trace for i in todo]), self.gpu
+            )
             errors = [r for r in rows if isinstance(r, FastsearchError)]
             self.stats.unreplayable[self.task] = self.stats.unreplayable.get(self.task, 0) + len(errors)
             if errors:
