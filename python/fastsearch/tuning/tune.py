@@ -19,7 +19,7 @@ from tvm_ffi import structural_equal
 from fastsearch.errors import UnsupportedWorkload
 from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
 from fastsearch.graph.relax_tasks import extract_tasks, is_relax_module
-from fastsearch.ir.target import TargetLike, require_searchable, resolve_target
+from fastsearch.ir.target import TargetLike, require_measurable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.search.warm_start import WarmStart, WarmStartLike
 from fastsearch.tuning import loop
@@ -97,7 +97,7 @@ def tune(
     """
     _check_arguments(mod, trials, pipeline, task_scheduler)
     resolved = resolve_target(target)
-    require_searchable(resolved, "fastsearch.tune")
+    require_measurable(resolved, "fastsearch.tune", remote=runner is not None)
     search = check_fusion_argument(fusion, mod)
     variants = _pipeline_variants(mod, pipeline, layout, resolved)
     if variants:
