@@ -552,7 +552,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-cubins", action="store_true", help="with --build-only: stop at CUDA source")
     p.add_argument(
-        "--build-report", default=None, metavar="FILE", help="with --build-only: write every candidate's JSON here"
+        "--build-report",
+        default=None,
+        metavar="FILE",
+        help="with --build-only: write every candidate's JSON here",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser

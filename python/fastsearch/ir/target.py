@@ -27,9 +27,9 @@ __all__ = [
     "cuda_limits",
     "device",
     "device_type",
+    "has_local_gpu",
     "host_cpu",
     "physical_cores",
-    "has_local_gpu",
     "require_cuda_limits",
     "require_measurable",
     "require_searchable",
@@ -242,8 +242,9 @@ def require_searchable(target: tvm.target.Target, what: str) -> None:
         require_cuda_limits(target)
     raise UnsupportedTarget(
         f"{what}: fastsearch searches CPU targets (kind 'llvm') only; {kind} target {target} "
-        "would get CPU schedules. GPU sketches are not implemented yet: tune GPU kernels with "
-        "MetaSchedule (tvm.s_tir.meta_schedule.tune_tir) meanwhile"
+        "would get CPU schedules. For a CUDA target, fastsearch tune --build-only checks the GPU "
+        "search space without measuring; tune GPU kernels with MetaSchedule "
+        "(tvm.s_tir.meta_schedule.tune_tir) meanwhile"
     )
 
 

@@ -4,7 +4,8 @@ measuring anything.
 For each task (a PrimFunc, or each PrimFunc of an IRModule), :func:`build_gpu_space` draws ``n``
 of fastsearch's GPU sketch candidates for a CUDA target, verifies them with the engine's
 VerifyGPUCode (``_core.Program.verify_gpu``) and with TVM's own CUDA postprocessors (VerifyGPUCode
-last), builds each valid one through TVM (``tvm.compile``) to CUDA source and, when nvcc is found
+last), builds each one TVM's postprocessors accept through TVM (``tvm.compile``) to CUDA source
+(so a candidate the two verdicts disagree on is judged by nvcc too) and, when nvcc is found
 (the ``cuda`` extra), compiles that source to a cubin for the target's architecture, reading
 each kernel's registers, spills and shared memory from ptxas. A candidate that does not build,
 that nvcc refuses, that spills or that breaks a limit of the target is a failed build, by kind.
@@ -64,8 +65,9 @@ _INSTALL_HINT = "pip install 'fastsearch[cuda]' (NVIDIA's nvcc wheel), or put a 
 class CandidateBuild:
     """One candidate: its trace (MetaSchedule JSON), the engine's VerifyGPUCode verdict
     (``engine_error``, None when valid), TVM's postprocessors' verdict (``tvm_rejected_by``: the
-    postprocessor that refused it, None when all accept it), and for a valid candidate what its
-    build gave: the kernels' resources when compiled, or the failure kind and message."""
+    postprocessor that refused it, None when all accept it), and for a candidate TVM accepts what
+    its build gave: the kernels' resources when compiled, or the failure kind and message (a
+    candidate the engine passes and TVM refuses is a failed build of kind ``"postproc"``)."""
 
     trace: str
     engine_error: str | None
@@ -79,7 +81,7 @@ class CandidateBuild:
 
     @property
     def valid(self) -> bool:
-        """Valid by the engine's VerifyGPUCode: the candidates that are built."""
+        """Valid by the engine's VerifyGPUCode (what is built is what TVM's postprocessors accept)."""
         return self.engine_error is None
 
     @property
@@ -252,12 +254,14 @@ def _share(part: int, whole: int) -> str:
 
 
 def _task_lines(t: TaskBuildReport, cubins: bool) -> list[str]:
-    drawn = f"{t.sampled} drawn" + (f" (of {t.requested} asked; the space has no more)" if t.sampled < t.requested else "")
+    drawn = f"{t.sampled} drawn" + (
+        f" (of {t.requested} asked; the space has no more)" if t.sampled < t.requested else ""
+    )
     lines = [
         f"task         {t.name}: {drawn}, valid {_share(t.valid, t.sampled)} (engine's VerifyGPUCode), "
         f"TVM's CUDA postprocessors pass {_share(t.tvm_valid, t.sampled)}"
         + (f", {t.disagreements} judged differently" if t.disagreements else ""),
-        f"  built      {t.built} of {t.valid} valid to CUDA source"
+        f"  built      {t.built} of {t.tvm_valid} TVM passes to CUDA source"
         + (f", {t.compiled} compiled to cubins" if cubins else ""),
     ]
     regs, smem = t.registers, t.shared_bytes
@@ -363,7 +367,7 @@ def _build_task(
     n: int,
     seed: int,
     compile_one: Callable[[str], Future[CubinReport]] | None,
-    seconds: Counter[str],
+    seconds: dict[str, float],
 ) -> tuple[TaskBuildReport, list[tuple[CandidateBuild, Future[CubinReport]]]]:
     gpu = cuda_limits(target)
     start = time.perf_counter()
@@ -381,10 +385,14 @@ def _build_task(
         seconds["postproc"] += time.perf_counter() - start
         cand = CandidateBuild(trace, verdict, rejected_by)
         report.candidates.append(cand)
-        if not cand.valid:
-            continue
+        # Built: what TVM's postprocessors accept (TVM builds only those), the engine's verdict
+        # aside, so that nvcc judges a candidate the two verdicts disagree on.
         if sch is None:
-            cand.failure, cand.message = "postproc", f"TVM's {rejected_by} refused a candidate the engine passed"
+            if cand.valid:
+                cand.failure, cand.message = (
+                    "postproc",
+                    f"TVM's {rejected_by} refused a candidate the engine passed",
+                )
             continue
         start = time.perf_counter()
         try:
@@ -432,7 +440,7 @@ def build_gpu_space(
         skipped = "not asked for (cubins=False, --no-cubins)"
     elif nvcc is None:
         skipped = f"no nvcc found; to compile cubins: {_INSTALL_HINT}"
-    seconds: Counter[str] = Counter({"sample": 0.0, "postproc": 0.0, "build": 0.0, "nvcc wait": 0.0})
+    seconds = {"sample": 0.0, "postproc": 0.0, "build": 0.0, "nvcc wait": 0.0}
     limits = _limits_of(resolved)
     start = time.perf_counter()
     reports: dict[str, TaskBuildReport] = {}
@@ -454,4 +462,4 @@ def build_gpu_space(
     # nvcc's own seconds, summed over the parallel workers (they overlap the builds).
     seconds["nvcc"] = sum(c.nvcc_s or 0.0 for r in reports.values() for c in r.candidates)
     seconds["total"] = time.perf_counter() - start
-    return BuildOnlyReport(describe_cuda_target(resolved), arch, reports, skipped, dict(seconds))
+    return BuildOnlyReport(describe_cuda_target(resolved), arch, reports, skipped, seconds)

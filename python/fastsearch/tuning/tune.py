@@ -90,7 +90,9 @@ def tune(
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
     ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
-    ``main`` takes the original inputs). Raises :class:`fastsearch.InvalidTarget`,
+    ``main`` takes the original inputs). Raises :class:`fastsearch.UnsupportedTarget` for a GPU
+    target (GPU tuning is not built yet; with no GPU here and no ``runner``, the message names the
+    ways to measure and ``--build-only``), :class:`fastsearch.InvalidTarget`,
     :class:`fastsearch.UnsupportedWorkload`, :class:`fastsearch.DatabaseError`,
     :class:`fastsearch.RemoteError`, or :class:`fastsearch.MeasurementError` when not a single
     candidate of a task could be measured. README.md describes each option at length.
