@@ -8,7 +8,7 @@ No GPU is needed; nvcc comes with the ``cuda`` extra (``pip install '.[cuda]'``)
 
 ``--out-dir`` receives every candidate (trace, verdicts, kernels' resources, failures) in
 ``candidates.json``, and the summary (``summary.json``, ``summary.md``); ``--summary-dir`` gets
-the summary alone. The H100 tag's arch is ``sm_90a``; the cubins are compiled for ``--arch``
+the summary alone; ``--report`` summarizes ``candidates.json`` again without compiling. The H100 tag's arch is ``sm_90a``; the cubins are compiled for ``--arch``
 (``sm_90`` by default, as the issue asks).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import tvm
 from fastsearch.measure.cubin import find_nvcc
-from fastsearch.tuning.build_only import CandidateBuild, TaskBuildReport, build_gpu_space
+from fastsearch.tuning.build_only import build_gpu_space
 from tvm.s_tir.meta_schedule.testing import te_workload
 
 from benches.run_meta import run_metadata
@@ -37,29 +37,62 @@ def _spread(values: list[float]) -> list[float] | None:
     return [min(values), statistics.median(values), max(values)] if values else None
 
 
-def family_summary(tasks: list[TaskBuildReport]) -> dict[str, Any]:
-    """One family's figures over all its shapes' candidates."""
-    cands: list[CandidateBuild] = [c for t in tasks for c in t.candidates]
-    compiled = [c for c in cands if c.compiled]
+def _registers(c: dict[str, Any]) -> int:
+    return max(k["registers"] for k in c["kernels"])
+
+
+def _spills(c: dict[str, Any]) -> bool:
+    return any(k["spill_store_bytes"] or k["spill_load_bytes"] for k in c["kernels"])
+
+
+def family_summary(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One family's figures over all its shapes' candidates (``TaskBuildReport.to_json()`` each)."""
+    cands = [c for t in tasks for c in t["candidates"]]
+    compiled = [c for c in cands if c["kernels"]]
     failures: dict[str, int] = {}
     for c in cands:
-        if c.failure is not None:
-            failures[c.failure] = failures.get(c.failure, 0) + 1
+        if c["failure"] is not None:
+            failures[c["failure"]] = failures.get(c["failure"], 0) + 1
     return {
         "shapes": len(tasks),
         "candidates": len(cands),
-        "valid": sum(c.valid for c in cands),
-        "tvm_valid": sum(c.tvm_rejected_by is None for c in cands),
-        "disagreements": sum(t.disagreements for t in tasks),
-        "built": sum(c.built for c in cands),
+        "valid": sum(c["engine_error"] is None for c in cands),
+        "tvm_valid": sum(c["tvm_rejected_by"] is None for c in cands),
+        "disagreements": sum((c["engine_error"] is None) != (c["tvm_rejected_by"] is None) for c in cands),
+        "built": sum(c["built"] for c in cands),
         "compiled": len(compiled),
         "failures": failures,
-        "registers": _spread([float(c.registers) for c in compiled if c.registers is not None]),
-        "spilled": sum(c.spills for c in compiled),
-        "shared_kib": _spread([c.shared_bytes / 1024 for c in compiled if c.shared_bytes is not None]),
-        "kernels_max": max((len(c.kernels) for c in compiled), default=0),
-        "nvcc_s": _spread([c.nvcc_s for c in compiled if c.nvcc_s is not None]),
+        "registers": _spread([float(_registers(c)) for c in compiled]),
+        "spilled": sum(_spills(c) for c in compiled),
+        "shared_kib": _spread([max(k["shared_bytes"] for k in c["kernels"]) / 1024 for c in compiled]),
+        "kernels_max": max((len(c["kernels"]) for c in compiled), default=0),
+        "nvcc_s": _spread([c["nvcc_s"] for c in compiled if c["nvcc_s"] is not None]),
     }
+
+
+def notes(tasks: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """The first failed build of each family and kind, and every candidate the engine's
+    VerifyGPUCode and TVM's postprocessors judge differently, with what ptxas said of it."""
+    examples, disagreements = [], []
+    seen = set()
+    for name, t in tasks.items():
+        family = name.split("_")[0]
+        for i, c in enumerate(t["candidates"]):
+            if c["failure"] is not None and (family, c["failure"]) not in seen:
+                seen.add((family, c["failure"]))
+                examples.append(f"{family} {c['failure']}: {' '.join(c['message'].split())[:300]}")
+            if (c["engine_error"] is None) != (c["tvm_rejected_by"] is None):
+                ptxas = (
+                    f"ptxas: {max(k['shared_bytes'] for k in c['kernels'])} bytes shared memory, "
+                    f"{_registers(c)} registers{', spills' if _spills(c) else ''}"
+                    if c["kernels"]
+                    else f"not compiled ({c['failure']})"
+                )
+                disagreements.append(
+                    f"{name} #{i}: engine: {c['engine_error'] or 'valid'}; TVM: "
+                    f"{'refused by ' + c['tvm_rejected_by'] if c['tvm_rejected_by'] else 'valid'}; {ptxas}"
+                )
+    return examples, disagreements
 
 
 def _row(family: str, s: dict[str, Any]) -> str:
@@ -83,7 +116,7 @@ def markdown(summary: dict[str, Any]) -> str:
         (
             f"{summary['per_shape']} candidates per shape (seed {summary['seed']}) of fastsearch's GPU "
             "sketches "
-            f"for `{TARGET}` ({summary['target']}), every valid one built with `tvm.compile` to CUDA "
+            f"for `{TARGET}` ({summary['target']}), every one TVM's postprocessors accept built with `tvm.compile` to CUDA "
             f"source and compiled by nvcc ({summary['nvcc']}) to a cubin for `{summary['arch']}`; "
             "registers, spills and static shared memory from ptxas (a candidate with several kernels "
             "counts its largest). Nothing is measured; no GPU."
@@ -102,6 +135,13 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     lines += [_row(f, s) for f, s in summary["families"].items()]
     lines.append(_row("all", total))
+    if summary["disagreements"]:
+        lines += [
+            "",
+            "Judged differently by the engine's VerifyGPUCode and TVM's (built and compiled all the same):",
+            "",
+        ]
+        lines += [f"- {e}" for e in summary["disagreements"]]
     if summary["failed_examples"]:
         lines += ["", "Failed builds (first of each family and kind):", ""]
         lines += [f"- {e}" for e in summary["failed_examples"]]
@@ -109,13 +149,14 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Draws, builds and compiles every family's candidates; returns the run's fields and every
+    task's candidates (``tasks``)."""
     target = tvm.target.Target(TARGET)
     nvcc = find_nvcc()
     if nvcc is None:
         raise SystemExit("no nvcc: pip install '.[cuda]' (nvidia-cuda-nvcc)")
     start = time.perf_counter()
-    families: dict[str, list[TaskBuildReport]] = {}
-    raw: dict[str, Any] = {}
+    tasks: dict[str, Any] = {}
     target_text = ""
     for family in args.families:
         for idx in range(len(te_workload.CONFIGS[family][1])):
@@ -125,37 +166,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             target_text = report.target
             task = report.tasks[f"{family}_{idx}"]
-            families.setdefault(family, []).append(task)
-            raw[task.name] = task.to_json()
-            print(f"{task.name}: {task.compiled}/{task.valid} compiled, failures {task.failures}", flush=True)
-    examples = []
-    for family, tasks in families.items():
-        seen = set()
-        for c in (c for t in tasks for c in t.candidates):
-            if c.failure is not None and c.failure not in seen:
-                seen.add(c.failure)
-                examples.append(f"{family} {c.failure}: {' '.join(c.message.split())[:300]}")
-    summary = {
+            tasks[task.name] = task.to_json()
+            print(f"{task.name}: {task.compiled}/{task.built} compiled, failures {task.failures}", flush=True)
+    meta = run_metadata("gpu_cubins.py", TARGET, None)
+    meta["command"] = "python -m benches.gpu_cubins " + " ".join(args.argv)
+    return {
         "target": target_text,
         "arch": args.arch,
         "nvcc": nvcc.split("/site-packages/")[-1],
         "per_shape": args.per_shape,
         "seed": args.seed,
         "seconds": time.perf_counter() - start,
-        "families": {f: family_summary(ts) for f, ts in families.items()},
-        "total": family_summary([t for ts in families.values() for t in ts]),
-        "failed_examples": examples,
-        "meta": run_metadata("gpu_cubins.py", TARGET, None),
+        "meta": meta,
+        "tasks": tasks,
     }
-    summary["meta"]["command"] = "python -m benches.gpu_cubins " + " ".join(args.argv)
-    out = Path(args.out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "candidates.json").write_text(json.dumps(raw))
-    for folder in [out] + ([Path(args.summary_dir)] if args.summary_dir else []):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (folder / "summary.md").write_text(markdown(summary))
-    return summary
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run (:func:`run`'s output): per family, in total, and the notes."""
+    families: dict[str, list[dict[str, Any]]] = {}
+    for name, task in raw["tasks"].items():
+        families.setdefault(name.split("_")[0], []).append(task)
+    examples, disagreements = notes(raw["tasks"])
+    return {
+        **{k: v for k, v in raw.items() if k != "tasks"},
+        "families": {f: family_summary(ts) for f, ts in families.items()},
+        "total": family_summary(list(raw["tasks"].values())),
+        "failed_examples": examples,
+        "disagreements": disagreements,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,9 +205,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--families", nargs="+", default=FAMILIES, choices=FAMILIES)
     parser.add_argument("--out-dir", required=True, help="raw data (every candidate), outside the repository")
     parser.add_argument("--summary-dir", default=None, help="also write the summary here")
+    parser.add_argument(
+        "--report", action="store_true", help="summarize the raw data in --out-dir again, compiling nothing"
+    )
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    summary = run(args)
+    out = Path(args.out_dir).expanduser()
+    if args.report:
+        raw = json.loads((out / "candidates.json").read_text())
+    else:
+        raw = run(args)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "candidates.json").write_text(json.dumps(raw))
+    summary = summarize(raw)
+    for folder in [out] + ([Path(args.summary_dir)] if args.summary_dir else []):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (folder / "summary.md").write_text(markdown(summary))
     print(markdown(summary))
 
 

@@ -259,7 +259,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _cmd_build_only(args: argparse.Namespace) -> int:
     """``fastsearch tune --workload W --target CUDA --build-only``: the GPU search space drawn,
-    verified, built to CUDA source and cubins, and reported; nothing measured, nothing written."""
+    verified, built to CUDA source and cubins, and reported; nothing measured, no database written."""
     if not args.workload:
         raise UnsupportedWorkload(
             "--build-only takes a built-in workload (--workload FAMILY[:INDEX]); for a PrimFunc or "
