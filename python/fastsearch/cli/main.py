@@ -451,6 +451,27 @@ def _measure_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _build_only_arguments(p: argparse.ArgumentParser) -> None:
+    """``--build-only``: a CUDA search space built and compiled, not measured."""
+    p.add_argument(
+        "--build-only",
+        action="store_true",
+        help="GPU (CUDA) targets: draw --trials of fastsearch's GPU sketch candidates, verify them, "
+        "build them to CUDA source and, with nvcc (pip install 'fastsearch[cuda]'), to cubins, and "
+        "report valid shares, registers, spills and failed builds; nothing is measured, no GPU needed",
+    )
+    p.add_argument(
+        "--cubin-arch", default=None, help="with --build-only: the cubins' arch (default: the target's)"
+    )
+    p.add_argument("--no-cubins", action="store_true", help="with --build-only: stop at CUDA source")
+    p.add_argument(
+        "--build-report",
+        default=None,
+        metavar="FILE",
+        help="with --build-only: write every candidate's JSON here",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastsearch", description="Auto-tune TVM tensor programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -540,23 +561,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
-    p.add_argument(
-        "--build-only",
-        action="store_true",
-        help="GPU (CUDA) targets: draw --trials of fastsearch's GPU sketch candidates, verify them, "
-        "build them to CUDA source and, with nvcc (pip install 'fastsearch[cuda]'), to cubins, and "
-        "report valid shares, registers, spills and failed builds; nothing is measured, no GPU needed",
-    )
-    p.add_argument(
-        "--cubin-arch", default=None, help="with --build-only: the cubins' arch (default: the target's)"
-    )
-    p.add_argument("--no-cubins", action="store_true", help="with --build-only: stop at CUDA source")
-    p.add_argument(
-        "--build-report",
-        default=None,
-        metavar="FILE",
-        help="with --build-only: write every candidate's JSON here",
-    )
+    _build_only_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
