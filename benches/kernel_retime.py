@@ -27,10 +27,16 @@ from typing import Any
 
 
 def retime_in_processes(
-    libs: list[Any], func: Any, repeat: int, processes: int, min_repeat_ms: int = 100
+    libs: list[Any],
+    func: Any,
+    repeat: int,
+    processes: int,
+    min_repeat_ms: int = 100,
+    device: str = "cpu",
 ) -> list[list[float]]:
     """Seconds per call of ``main`` of each of ``libs`` (compiled executables of ``func``): one
-    list per process, one median per kernel."""
+    list per process, one median per kernel. ``device`` is the runtime device the kernels run
+    on (``"cpu"``, or ``"cuda"`` for kernels built for a CUDA target: device 0)."""
     from tvm.s_tir import meta_schedule as ms
 
     info = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(func)]
@@ -42,7 +48,9 @@ def retime_in_processes(
             lib.export_library(str(path))
             paths.append(str(path))
         spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"paths": paths, "args": info, "min_repeat_ms": min_repeat_ms}))
+        spec.write_text(
+            json.dumps({"paths": paths, "args": info, "min_repeat_ms": min_repeat_ms, "device": device})
+        )
         for p in range(processes):
             out = subprocess.run(
                 [sys.executable, __file__, str(spec), str(repeat), str(p)],
@@ -84,7 +92,7 @@ def _worker(spec_path: str, repeat: int, index: int) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     spec = json.loads(Path(spec_path).read_text())
-    dev = tvm.cpu(0)
+    dev = tvm.device(spec.get("device", "cpu"), 0)
     info = [ms.arg_info.ArgInfo.from_json(a) for a in spec["args"]]
     args = [tvm.runtime.tensor(a, dev) for a in random_arguments(info, seed=index)]
     order = list(range(len(spec["paths"])))

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The far side of the GPU kit (benches/gpu_kit/README.md). Two device calls, the second made at
+# once after the first, while the machine is still warm (it keeps /tmp for about 30 s):
+#
+#   call 1, carry .gpukit/part1:  bash .gpukit/part1/run_on_h200.sh part1
+#       what the suite relies on, without TVM (GPU, Python packages, libcudart, nvcc, g++), and
+#       part 1 of TVM's compiler library kept in $FASTSEARCH_KIT_DEST/stash
+#   call 2, carry .gpukit/part2:  bash .gpukit/part2/run_on_h200.sh run
+#       unpacks TVM, TVM-FFI, xgboost and fastsearch into $FASTSEARCH_KIT_DEST/site, checks the
+#       environment (python -m benches.gpu_suite --check: a CUDA kernel built and run through
+#       TVM, a re-timing process, cuBLAS, 4 trials of each tuner), then runs the suite within
+#       $GPU_SUITE_BUDGET_S seconds and puts its summary and raw runs in $OUT
+#
+# Other modes: `check` (call 2 without the suite), `smoke` (a 4-trial CPU tune, no GPU needed:
+# for checking the kit off the device). Environment: PYTHON (default python3), FASTSEARCH_KIT_DEST
+# (default /tmp/fastsearch_kit, the machine's local disk), OUT (what comes back; default
+# $FASTSEARCH_KIT_DEST/out), GPU_SUITE_ARGS, GPU_SUITE_BUDGET_S (default 360),
+# TVM_CUDA_COMPILE_MODE (nvrtc, TVM's default, or nvcc; when unset and the check fails with
+# nvrtc, it is tried again with nvcc).
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PY="${PYTHON:-python3}"
+DEST="${FASTSEARCH_KIT_DEST:-/tmp/fastsearch_kit}"
+OUTDIR="${OUT:-$DEST/out}"
+BUDGET="${GPU_SUITE_BUDGET_S:-360}"
+ARGS="${GPU_SUITE_ARGS:---workloads GMM:3 C2D:1 DEP:1 SFM:0 --seeds 0 --trials 32 --retime-processes 3 --repeat 5}"
+mkdir -p "$DEST/work" "$OUTDIR"
+export PYTHONUNBUFFERED=1
+
+env_report() {
+  echo "== GPU"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 || echo "no nvidia-smi"
+  echo "== Python and packages the kit does not carry"
+  "$PY" - <<'EOF'
+import importlib, platform, shutil, sys
+print("python", platform.python_version(), sys.executable)
+for m in ("numpy", "scipy", "psutil", "cloudpickle", "ml_dtypes", "typing_extensions", "cuda.bindings", "torch", "cupy", "matplotlib"):
+    try:
+        print(f"  {m} {getattr(importlib.import_module(m), '__version__', '?')}")
+    except Exception as e:
+        print(f"  {m} MISSING ({type(e).__name__}: {e})")
+for tool in ("nvcc", "g++", "gcc", "xz"):
+    print(f"  {tool}: {shutil.which(tool)}")
+try:
+    from cuda.bindings import nvrtc
+    src = b'extern "C" __global__ void k(float* a) { a[threadIdx.x] += 1.0f; }'
+    err, prog = nvrtc.nvrtcCreateProgram(src, b"k.cu", 0, [], [])
+    (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=sm_90"])
+    print("  nvrtc sm_90 compile:", err)
+except Exception as e:
+    print(f"  nvrtc FAILED ({type(e).__name__}: {e})")
+EOF
+  echo "== libcudart.so.13: $(find_cudart)"
+  df -h "$DEST" | tail -1
+}
+
+# The folder holding libcudart.so.13, which TVM's CUDA runtime library links against: the
+# CUDA toolkit's, or the nvidia-cuda-runtime wheel's that PyTorch uses.
+find_cudart() {
+  "$PY" - <<'EOF'
+import glob, os, site, sys
+roots = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
+for sp in site.getsitepackages() + [site.getusersitepackages()]:
+    roots += glob.glob(os.path.join(sp, "nvidia", "*", "lib")) + glob.glob(os.path.join(sp, "nvidia", "*", "*", "lib"))
+for root in roots:
+    if glob.glob(os.path.join(root, "libcudart.so.13*")):
+        print(root)
+        sys.exit(0)
+EOF
+}
+
+setup() {
+  "$PY" "$HERE/unpack.py" unpack "$HERE" "$DEST" > "$OUTDIR/unpack.json"
+  local rc=$?
+  cat "$OUTDIR/unpack.json"
+  [ "$rc" -eq 0 ] || exit "$rc"
+  local cudart
+  cudart="$(find_cudart)"
+  [ -n "$cudart" ] && export LD_LIBRARY_PATH="$cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONPATH="$DEST/site:$HERE"
+  cd "$DEST/work" || exit 1
+}
+
+run_check() {
+  "$PY" -m benches.gpu_suite --check --out-dir "$DEST/check" 2>&1 | tee "$OUTDIR/check.log"
+  local rc="${PIPESTATUS[0]}"
+  if [ "$rc" -eq 1 ] && [ -z "${TVM_CUDA_COMPILE_MODE:-}" ] && command -v nvcc > /dev/null; then
+    echo "== the check failed with nvrtc; again with TVM_CUDA_COMPILE_MODE=nvcc"
+    export TVM_CUDA_COMPILE_MODE=nvcc
+    "$PY" -m benches.gpu_suite --check --out-dir "$DEST/check" 2>&1 | tee -a "$OUTDIR/check.log"
+    rc="${PIPESTATUS[0]}"
+  fi
+  cp "$DEST/check/check.json" "$OUTDIR/" 2> /dev/null
+  return "$rc"
+}
+
+case "${1:-}" in
+  part1)
+    env_report 2>&1 | tee "$OUTDIR/env.txt"
+    "$PY" "$HERE/unpack.py" stash "$HERE" "$DEST" || exit $?
+    echo "part 1 kept in $DEST/stash: make call 2 now (carry .gpukit/part2, bash .gpukit/part2/run_on_h200.sh run)"
+    ;;
+  check)
+    setup
+    run_check
+    exit $?
+    ;;
+  run)
+    setup
+    run_check || { echo "the check failed (status $?): the suite is not run"; exit 1; }
+    # The suite starts no run that would end past the budget; timeout is the backstop.
+    # shellcheck disable=SC2086
+    timeout $((BUDGET + 90)) "$PY" -m benches.gpu_suite $ARGS --budget-s "$BUDGET" --out-dir "$DEST/suite" 2>&1 \
+      | tee "$OUTDIR/suite.log"
+    rc="${PIPESTATUS[0]}"
+    "$PY" -m benches.gpu_suite --report --out-dir "$DEST/suite" > /dev/null 2>&1
+    cp "$DEST/suite/summary.json" "$DEST/suite/summary.md" "$OUTDIR/" 2> /dev/null
+    tar czf "$OUTDIR/gpu_suite_raw.tar.gz" -C "$DEST" suite
+    echo "suite status $rc; summary and raw runs in $OUTDIR"
+    exit "$rc"
+    ;;
+  smoke)
+    setup
+    "$PY" -m fastsearch.cli tune --workload GMM:0 --trials 4 --work-dir "$DEST/work/smoke" 2>&1 | tee "$OUTDIR/smoke.log"
+    exit "${PIPESTATUS[0]}"
+    ;;
+  *)
+    echo "usage: $0 part1 | run | check | smoke   (benches/gpu_kit/README.md)" >&2
+    exit 2
+    ;;
+esac
