@@ -10,6 +10,7 @@ built-in one (``--model resnet-tiny``, :mod:`fastsearch.testing.relax_models`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -20,11 +21,12 @@ from typing import Any
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.model_timing import describe_end_to_end, end_to_end
-from fastsearch.ir.target import physical_cores, require_searchable, resolve_target
+from fastsearch.ir.target import physical_cores, require_measurable, resolve_target
 from fastsearch.measure.measurer import BUILD_STAGES, MeasureConfig, RPCRunner
 from fastsearch.testing import onnx_zoo
 from fastsearch.testing.onnx_zoo import SMALL, ZOO
 from fastsearch.testing.relax_models import MODELS, load_model
+from fastsearch.tuning.build_only import build_gpu_space, cuda_target
 from fastsearch.tuning.options import FusionSearch
 from fastsearch.tuning.progress import format_latency
 from fastsearch.tuning.tune import tune
@@ -168,8 +170,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     chosen = [x for x in (args.model_file, args.model, args.workload) if x]
     if len(chosen) != 1:
         raise SystemExit("fastsearch: error: give one of MODEL.onnx, --model NAME or --workload FAMILY")
+    if args.build_only:
+        return _cmd_build_only(args)
     # Before a model is loaded or a file written: a target the search cannot serve is refused.
-    require_searchable(resolve_target(args.target), "fastsearch tune")
+    remote = bool(args.rpc_tracker or args.rpc_key)
+    require_measurable(resolve_target(args.target), "fastsearch tune", remote=remote)
     if args.model_file or args.model:
         from pathlib import Path
 
@@ -249,6 +254,38 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(timing.profile.table())
     if args.history:
         print(f"history      {result.write_history(args.history)}")
+    return 0
+
+
+def _cmd_build_only(args: argparse.Namespace) -> int:
+    """``fastsearch tune --workload W --target CUDA --build-only``: the GPU search space drawn,
+    verified, built to CUDA source and cubins, and reported; nothing measured, no database written."""
+    if not args.workload:
+        raise UnsupportedWorkload(
+            "--build-only takes a built-in workload (--workload FAMILY[:INDEX]); for a PrimFunc or "
+            "an IRModule of PrimFuncs call fastsearch.tuning.build_only.build_gpu_space from Python"
+        )
+    cuda_target(args.target)  # before the workload is built: a target that is not CUDA is refused
+    wl = load_workload(args.workload, args.shape_index, args.small)
+    print(
+        f"building {wl.name} {wl.shape}: {args.trials} GPU sketch candidates, seed {args.seed}, no measuring",
+        file=sys.stderr,
+    )
+    report = build_gpu_space(
+        wl.func,
+        args.target,
+        args.trials,
+        args.seed,
+        name=wl.name,
+        arch=args.cubin_arch,
+        cubins=not args.no_cubins,
+        workers=args.build_workers,
+    )
+    print(f"workload     {wl.name} {tuple(wl.shape)}")
+    print(report.summary())
+    if args.build_report:
+        Path(args.build_report).write_text(json.dumps(report.to_json(), indent=1))
+        print(f"report       {args.build_report}")
     return 0
 
 
@@ -414,6 +451,27 @@ def _measure_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _build_only_arguments(p: argparse.ArgumentParser) -> None:
+    """``--build-only``: a CUDA search space built and compiled, not measured."""
+    p.add_argument(
+        "--build-only",
+        action="store_true",
+        help="GPU (CUDA) targets: draw --trials of fastsearch's GPU sketch candidates, verify them, "
+        "build them to CUDA source and, with nvcc (pip install 'fastsearch[cuda]'), to cubins, and "
+        "report valid shares, registers, spills and failed builds; nothing is measured, no GPU needed",
+    )
+    p.add_argument(
+        "--cubin-arch", default=None, help="with --build-only: the cubins' arch (default: the target's)"
+    )
+    p.add_argument("--no-cubins", action="store_true", help="with --build-only: stop at CUDA source")
+    p.add_argument(
+        "--build-report",
+        default=None,
+        metavar="FILE",
+        help="with --build-only: write every candidate's JSON here",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastsearch", description="Auto-tune TVM tensor programs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -427,7 +485,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default=None, help="FAMILY[:SHAPE_INDEX], e.g. GMM or GMM:2")
     p.add_argument("--shape-index", type=int, default=None, help="shape index within the family")
     p.add_argument("--small", action="store_true", help="the family's shape with the fewest FLOPs")
-    p.add_argument("--trials", type=int, default=64, help="candidates to measure (default 64)")
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="candidates to measure (default 64); with --build-only, candidates drawn per task (default 16)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="database directory (default ./fastsearch_work/NAME)")
     p.add_argument("--target", default=None, help='"llvm" (this CPU, default) or a target JSON dict')
@@ -498,6 +561,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--history", default=None, help="write the per-trial tuning curve to this CSV file")
     p.add_argument("--no-verify", action="store_true", help="skip checking the best against a reference")
+    _build_only_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -513,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "workloads":
             return _cmd_workloads(args)
+        if args.trials is None:
+            args.trials = 16 if args.build_only else 64
         if args.trials < 1:
             raise SystemExit("fastsearch: error: --trials must be at least 1")
         return _cmd_tune(args)

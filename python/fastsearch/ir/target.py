@@ -27,9 +27,11 @@ __all__ = [
     "cuda_limits",
     "device",
     "device_type",
+    "has_local_gpu",
     "host_cpu",
     "physical_cores",
     "require_cuda_limits",
+    "require_measurable",
     "require_searchable",
     "resolve_target",
     "target_kind",
@@ -240,6 +242,49 @@ def require_searchable(target: tvm.target.Target, what: str) -> None:
         require_cuda_limits(target)
     raise UnsupportedTarget(
         f"{what}: fastsearch searches CPU targets (kind 'llvm') only; {kind} target {target} "
-        "would get CPU schedules. GPU sketches are not implemented yet: tune GPU kernels with "
-        "MetaSchedule (tvm.s_tir.meta_schedule.tune_tir) meanwhile"
+        "would get CPU schedules. For a CUDA target, fastsearch tune --build-only checks the GPU "
+        "search space without measuring; tune GPU kernels with MetaSchedule "
+        "(tvm.s_tir.meta_schedule.tune_tir) meanwhile"
+    )
+
+
+def has_local_gpu(target: tvm.target.Target) -> bool:
+    """Whether this machine has device 0 of ``target``'s kind (a CUDA GPU for a CUDA target)."""
+    try:
+        return bool(device(target).exist)
+    except (InvalidTarget, RuntimeError, ValueError, AttributeError, OSError):  # no runtime or driver
+        return False
+
+
+def require_measurable(target: tvm.target.Target, what: str, *, remote: bool) -> None:
+    """Refuse, with a typed error and before any work, to tune a GPU target: where candidates
+    cannot be measured (no GPU here and no RPC runner, ``remote`` False) an
+    :class:`UnsupportedTarget` naming the two ways to measure and ``--build-only``; where they
+    could, an :class:`UnsupportedTarget` saying GPU tuning is not built yet. A CUDA target without
+    its limits is an :class:`InvalidTarget` naming them, a non-CUDA GPU target is refused as by
+    :func:`require_searchable`. CPU targets pass."""
+    if not is_gpu(target):
+        return
+    kind = target_kind(target)
+    if kind != "cuda":
+        require_searchable(target, what)
+    require_cuda_limits(target)
+    build_only = (
+        "To check the GPU search space without measuring (candidates drawn, verified, built to CUDA "
+        "and, with nvcc, to cubins): fastsearch tune --build-only, or "
+        "fastsearch.tuning.build_only.build_gpu_space(func, target)"
+    )
+    if not remote and not has_local_gpu(target):
+        raise UnsupportedTarget(
+            f"{what}: measuring candidates for the {kind} target {target} needs a GPU, and this "
+            "machine has no CUDA GPU and no RPC runner was given. Measure on a machine with a local "
+            "CUDA GPU, or on a remote GPU server through "
+            "fastsearch.RPCRunner(tracker='HOST:9190', key='KEY') (the CLI's --rpc-tracker and "
+            "--rpc-key; README.md, 'CUDA targets'); fastsearch's tuning loop does not tune GPU "
+            f"targets yet either. {build_only}"
+        )
+    raise UnsupportedTarget(
+        f"{what}: tuning the {kind} target {target} is not built yet (fastsearch's GPU sketches "
+        f"and VerifyGPUCode exist, its tuning loop does not run them). {build_only}; tune GPU "
+        "kernels with MetaSchedule (tvm.s_tir.meta_schedule.tune_tir) meanwhile"
     )

@@ -19,7 +19,7 @@ from tvm_ffi import structural_equal
 from fastsearch.errors import UnsupportedWorkload
 from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
 from fastsearch.graph.relax_tasks import extract_tasks, is_relax_module
-from fastsearch.ir.target import TargetLike, require_searchable, resolve_target
+from fastsearch.ir.target import TargetLike, require_measurable, resolve_target
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.search.warm_start import WarmStart, WarmStartLike
 from fastsearch.tuning import loop
@@ -90,14 +90,16 @@ def tune(
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
     ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
-    ``main`` takes the original inputs). Raises :class:`fastsearch.InvalidTarget`,
+    ``main`` takes the original inputs). Raises :class:`fastsearch.UnsupportedTarget` for a GPU
+    target (GPU tuning is not built yet; with no GPU here and no ``runner``, the message names the
+    ways to measure and ``--build-only``), :class:`fastsearch.InvalidTarget`,
     :class:`fastsearch.UnsupportedWorkload`, :class:`fastsearch.DatabaseError`,
     :class:`fastsearch.RemoteError`, or :class:`fastsearch.MeasurementError` when not a single
     candidate of a task could be measured. README.md describes each option at length.
     """
     _check_arguments(mod, trials, pipeline, task_scheduler)
     resolved = resolve_target(target)
-    require_searchable(resolved, "fastsearch.tune")
+    require_measurable(resolved, "fastsearch.tune", remote=runner is not None)
     search = check_fusion_argument(fusion, mod)
     variants = _pipeline_variants(mod, pipeline, layout, resolved)
     if variants:
