@@ -105,9 +105,35 @@ def test_the_cli_names_the_error(spec, error, tmp_path, capsys):
     assert not work.exists()
 
 
-def test_the_drop_in_classes_refuse_a_gpu_task():
+def test_the_drop_in_classes_take_a_cuda_task():
+    """Inside MetaSchedule's TuneContext on a CUDA target: the strategy evolves MetaSchedule's
+    CUDA design spaces into candidates TVM's CUDA postprocessors accept, and the features of
+    each are the GPU features (is_gpu set). Measuring them needs a GPU."""
+    func = small("GMM")
+    target = resolve_target(H100)
+    space = ms.space_generator.PostOrderApply(
+        sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
+        postprocs=ms.postproc.Postproc.create("cuda"),
+        mutator_probs={},
+    )
+    context = tune_context(func, target, space)
+    strategy = SearchStrategy(population_size=16, generations=1, seed=0)
+    strategy._initialize_with_tune_context(context)
+    strategy.pre_tuning(8, 4, context.generate_design_space(), None, None)
+    candidates = strategy.generate_measure_candidates()
+    assert candidates
+    for c in candidates:
+        assert 'thread="threadIdx.x"' in c.sch.mod["main"].script()
+    rows, from_tvm = store_features(context, candidates)
+    assert from_tvm == 0
+    assert all(
+        r.shape[1] == len(FEATURE_NAMES) and (r[:, FEATURE_NAMES.index("is_gpu")] == 1).all() for r in rows
+    )
+
+
+def test_the_drop_in_classes_refuse_other_gpu_tasks():
     space = ms.space_generator.PostOrderApply(sch_rules=[], postprocs=[], mutator_probs={})
-    context = tune_context(small("GMM"), resolve_target(H100), space)
+    context = tune_context(small("GMM"), resolve_target({"kind": "vulkan"}), space)
     with pytest.raises(UnsupportedTarget, match="per-store features"):
         store_features(context, [])
     with pytest.raises(UnsupportedTarget, match="SearchStrategy"):

@@ -109,3 +109,28 @@ def test_bad_tracker_or_key_is_a_remote_error(cluster, tmp_path, tracker, key, n
     remote = RPCRunner(tracker=tracker or cluster, key=key)
     with pytest.raises(RemoteError, match=named):
         tune(small("GMM"), TARGET, trials=1, work_dir=tmp_path, runner=remote, progress=False)
+
+
+def test_a_cuda_task_is_built_here_and_run_remotely(cluster, tmp_path):
+    """A CUDA target through the tracker: GPU sketch candidates are drawn, postprocessed, built
+    here to CUDA modules and sent to the servers, which have no GPU, so every run fails, as a
+    run error, and nothing is measured (MeasurementError). On a GPU server the same path times
+    them; that needs a GPU, which the tests never have."""
+    from fastsearch import MeasurementError
+
+    func = small("GMM")
+    remote = RPCRunner(tracker=cluster, key=KEY)
+    config = MeasureConfig(repeat=1, min_repeat_ms=1, build_workers=1)
+    with pytest.raises(MeasurementError) as info:
+        tune(
+            func, "nvidia/nvidia-h100", trials=4, seed=0, work_dir=tmp_path, batch_size=4,
+            measure=config, runner=remote, progress=False,
+        )  # fmt: skip
+    message = str(info.value)
+    # The servers load a library built here with a CUDA module, and have no CUDA runtime.
+    assert "Library binary was created using {cuda}" in message, message
+    db = TuningDatabase(tmp_path)
+    records = db.records(db.commit_workload(_normalize_mod(func)))
+    assert len(records) == 4
+    for record in records:  # each candidate a CUDA schedule: thread bindings in its trace
+        assert "threadIdx.x" in str(record.trace)

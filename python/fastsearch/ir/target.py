@@ -257,34 +257,25 @@ def has_local_gpu(target: tvm.target.Target) -> bool:
 
 
 def require_measurable(target: tvm.target.Target, what: str, *, remote: bool) -> None:
-    """Refuse, with a typed error and before any work, to tune a GPU target: where candidates
-    cannot be measured (no GPU here and no RPC runner, ``remote`` False) an
-    :class:`UnsupportedTarget` naming the two ways to measure and ``--build-only``; where they
-    could, an :class:`UnsupportedTarget` saying GPU tuning is not built yet. A CUDA target without
-    its limits is an :class:`InvalidTarget` naming them, a non-CUDA GPU target is refused as by
-    :func:`require_searchable`. CPU targets pass."""
+    """Refuse, with a typed error and before any work, to tune a GPU target whose candidates
+    cannot be measured: with no CUDA GPU here and no RPC runner (``remote`` False), an
+    :class:`UnsupportedTarget` naming the two ways to measure and ``--build-only``. A CUDA target
+    without its limits is an :class:`InvalidTarget` naming them, a non-CUDA GPU target is refused
+    as by :func:`require_searchable`. CPU targets, and CUDA targets a GPU or a runner measures,
+    pass."""
     if not is_gpu(target):
         return
     kind = target_kind(target)
     if kind != "cuda":
         require_searchable(target, what)
     require_cuda_limits(target)
-    build_only = (
-        "To check the GPU search space without measuring (candidates drawn, verified, built to CUDA "
-        "and, with nvcc, to cubins): fastsearch tune --build-only, or "
-        "fastsearch.tuning.build_only.build_gpu_space(func, target)"
-    )
     if not remote and not has_local_gpu(target):
         raise UnsupportedTarget(
             f"{what}: measuring candidates for the {kind} target {target} needs a GPU, and this "
             "machine has no CUDA GPU and no RPC runner was given. Measure on a machine with a local "
             "CUDA GPU, or on a remote GPU server through "
             "fastsearch.RPCRunner(tracker='HOST:9190', key='KEY') (the CLI's --rpc-tracker and "
-            "--rpc-key; README.md, 'CUDA targets'); fastsearch's tuning loop does not tune GPU "
-            f"targets yet either. {build_only}"
+            "--rpc-key; README.md, 'CUDA targets'). To check the GPU search space without "
+            "measuring (candidates drawn, verified, built to CUDA and, with nvcc, to cubins): "
+            "fastsearch tune --build-only, or fastsearch.tuning.build_only.build_gpu_space(func, target)"
         )
-    raise UnsupportedTarget(
-        f"{what}: tuning the {kind} target {target} is not built yet (fastsearch's GPU sketches "
-        f"and VerifyGPUCode exist, its tuning loop does not run them). {build_only}; tune GPU "
-        "kernels with MetaSchedule (tvm.s_tir.meta_schedule.tune_tir) meanwhile"
-    )

@@ -90,9 +90,10 @@ def tune(
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
     ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
-    ``main`` takes the original inputs). Raises :class:`fastsearch.UnsupportedTarget` for a GPU
-    target (GPU tuning is not built yet; with no GPU here and no ``runner``, the message names the
-    ways to measure and ``--build-only``), :class:`fastsearch.InvalidTarget`,
+    ``main`` takes the original inputs). A CUDA target is tuned with fastsearch's GPU sketches where a
+    local GPU or ``runner`` measures the candidates. Raises :class:`fastsearch.UnsupportedTarget`
+    for a GPU target nothing can measure (the message names the ways to measure and
+    ``--build-only``) and for other GPU kinds, :class:`fastsearch.InvalidTarget`,
     :class:`fastsearch.UnsupportedWorkload`, :class:`fastsearch.DatabaseError`,
     :class:`fastsearch.RemoteError`, or :class:`fastsearch.MeasurementError` when not a single
     candidate of a task could be measured. README.md describes each option at length.
