@@ -12,7 +12,7 @@ import re
 
 import pytest
 import tvm
-from fastsearch import InvalidTarget, RPCRunner, UnsupportedTarget, UnsupportedWorkload, tune
+from fastsearch import InvalidTarget, UnsupportedTarget, UnsupportedWorkload, tune
 from fastsearch.cli.main import main
 from fastsearch.ir import target as target_module
 from fastsearch.measure import cubin
