@@ -17,7 +17,7 @@
 //!   InjectSoftwarePipeline keeps of the buffers passed between stages (shared memory).
 
 use crate::error::Result;
-use crate::features::lower::lower;
+use crate::features::lower::lower_with;
 use crate::gpu_target::GpuTarget;
 use crate::program::{IterKind, LoopKind, Program};
 use crate::schedule::arith::uses_var;
@@ -312,7 +312,7 @@ fn pipeline_versions(st: &State, l: LoopId, buffer: usize) -> i64 {
 
 /// Shared memory per kernel, after compaction, within the target's limit.
 fn shared_memory(st: &State, kernels: &[LoopId], target: &GpuTarget) -> Result<Option<String>> {
-    let lowered = lower(st)?;
+    let lowered = lower_with(st, false, true)?;
     let mut per_kernel: Vec<i64> = vec![0; kernels.len()];
     for a in &lowered.allocs {
         let buffer = &st.buffers[a.buffer];

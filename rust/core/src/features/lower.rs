@@ -576,6 +576,13 @@ pub fn lower(st: &State) -> Result<Lowered> {
 /// Lowers the scheduled state to what TVM's feature extractor visits, on a GPU with `gpu`
 /// (cross-thread reductions, global allocations above `blockIdx`, unified thread loops).
 pub fn lower_for(st: &State, gpu: bool) -> Result<Lowered> {
+    lower_with(st, gpu, gpu)
+}
+
+/// [`lower_for`] with the compaction bounded by block predicates (TVM does it on any target;
+/// the features model it on GPUs only) chosen apart: VerifyGPUCode's shared-memory sizes need
+/// the bounds, without the other GPU passes, which rename the thread loops.
+pub fn lower_with(st: &State, gpu: bool, predicates: bool) -> Result<Lowered> {
     let mut w = Walker {
         st,
         gpu,
@@ -684,7 +691,7 @@ pub fn lower_for(st: &State, gpu: bool) -> Result<Lowered> {
             .iter()
             .map(|(i, v)| {
                 let mut preds = Vec::new();
-                if gpu {
+                if predicates {
                     predicate_sums(&canon, &raw[*i].predicate, &mut preds);
                     preds.retain(|(p, _)| {
                         let mut vs = Vec::new();

@@ -43,8 +43,10 @@ pub const AUTO_BIND_THREADS: [i64; 6] = [32, 64, 128, 256, 512, 1024];
 pub const CROSS_THREAD_THREADS: [i64; 8] = [4, 8, 16, 32, 64, 128, 256, 512];
 /// Draws of one candidate before one the schedule engine refuses is kept anyway.
 pub const REDRAWS: usize = 8;
-/// Vector lanes of a cooperative fetch, before the filter by data type.
-pub const FETCH_LANES: [i64; 6] = [1, 2, 3, 4, 8, 16];
+/// Vector lanes of a cooperative fetch, before the filter by data type. MetaSchedule also
+/// draws 3; fastsearch does not: TVM's ThreadSync pass fails to build some 3-lane fetches
+/// (10 of 297 sm_90 candidates with one, in `benches.gpu_cubins` over all 13 families).
+pub const FETCH_LANES: [i64; 5] = [1, 2, 4, 8, 16];
 
 /// The structural rule of one block of a GPU candidate.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
