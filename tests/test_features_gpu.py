@@ -30,8 +30,7 @@ from fastsearch.costmodel.features import FEATURE_NAMES
 from fastsearch.errors import InvalidTarget, UnsupportedTarget
 from fastsearch.ir.target import cuda_limits
 from fastsearch.ir.tir_import import program_json
-from fastsearch.ir.tune_context import tune_context
-from test_schedule_differential_gpu import TARGETS
+from gpu_workloads import TARGETS, cuda_context
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
@@ -57,14 +56,7 @@ TARGET = 0.99
 
 
 def _context(func: Any, tname: str, design_spaces: bool) -> ms.TuneContext:
-    space = None
-    if design_spaces:
-        space = ms.space_generator.PostOrderApply(
-            sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
-            postprocs=ms.postproc.Postproc.create("cuda"),
-            mutator_probs={},
-        )
-    return tune_context(func, TARGETS[tname], space=space, task_name="x")
+    return cuda_context(func, TARGETS[tname], design_spaces)
 
 
 def _postprocessed(ctx: ms.TuneContext, sch: s_tir.Schedule) -> bool:

@@ -18,23 +18,11 @@ import tvm
 from fastsearch import _core
 from fastsearch.ir.tir_import import program_json
 from fastsearch.ir.tune_context import tune_context
+from gpu_workloads import FAMILIES, TARGETS
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
-FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
-TARGETS = {
-    "sm_90": tvm.target.Target("nvidia/nvidia-h100"),
-    "sm_75": tvm.target.Target(
-        {
-            "kind": "cuda",
-            "arch": "sm_75",
-            "max_threads_per_block": 1024,
-            "max_shared_memory_per_block": 49152,
-            "thread_warp_size": 32,
-        }
-    ),
-}
 #: Candidates drawn per shape and target (a family has 2 to 5 shapes).
 PER_SHAPE = 8
 MIN_VALID_SHARE = 0.95

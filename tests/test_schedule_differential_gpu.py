@@ -40,28 +40,15 @@ from fastsearch import _core
 from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
 from fastsearch.ir.target import cuda_limits
 from fastsearch.ir.tir_import import program_json
-from fastsearch.ir.tune_context import tune_context
+from gpu_workloads import FAMILIES, TARGETS, cuda_context
 from test_schedule_differential import _OPS as CPU_OPS
-from test_schedule_differential import FAMILIES, Case, _is_dynamic
+from test_schedule_differential import Case, _is_dynamic
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
 pytestmark = pytest.mark.slow
 
-#: The H100's tag (sm_90: the software-pipelined spaces too) and a smaller GPU (sm_75).
-TARGETS = {
-    "sm_90": tvm.target.Target("nvidia/nvidia-h100"),
-    "sm_75": tvm.target.Target(
-        {
-            "kind": "cuda",
-            "arch": "sm_75",
-            "max_threads_per_block": 1024,
-            "max_shared_memory_per_block": 49152,
-            "thread_warp_size": 32,
-        }
-    ),
-}
 #: Fresh random decisions per design space and target: 53 workloads x ~2.9 spaces x 2 targets x 3.
 SEEDS = (1, 2, 3)
 #: TVM's default CUDA postprocessors but VerifyGPUCode (which only accepts or rejects).
@@ -85,15 +72,7 @@ def gpu_target(target: tvm.target.Target) -> _core.GpuTarget:
     return cuda_limits(target)
 
 
-def _context(func: Any, target: tvm.target.Target, design_spaces: bool) -> ms.TuneContext:
-    space = None
-    if design_spaces:
-        space = ms.space_generator.PostOrderApply(
-            sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
-            postprocs=ms.postproc.Postproc.create("cuda"),
-            mutator_probs={},
-        )
-    return tune_context(func, target, space=space, task_name="x")
+_context = cuda_context
 
 
 def _postprocess(ctx: ms.TuneContext, sch: s_tir.Schedule) -> str:

@@ -23,8 +23,9 @@ import tvm
 from fastsearch import _core
 from fastsearch.ir.loop_nest import trace_json
 from fastsearch.ir.tir_import import program_json
-from test_schedule_differential import FAMILIES
-from test_schedule_differential_gpu import TARGETS, _context, gpu_target, random_primitive_traces
+from gpu_workloads import FAMILIES, TARGETS
+from gpu_workloads import cuda_context as _context
+from test_schedule_differential_gpu import gpu_target, random_primitive_traces
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload

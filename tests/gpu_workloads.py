@@ -1,0 +1,39 @@
+"""What the CUDA tests share: the te_workload families, the two CUDA targets they run on (the
+H100 tag, sm_90, and a smaller sm_75 GPU), and a TuneContext on a CUDA target with TVM's CUDA
+design space when asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from fastsearch.ir.tune_context import tune_context
+from tvm.s_tir import meta_schedule as ms
+
+FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
+
+#: The H100's tag (sm_90: the software-pipelined spaces too) and a smaller GPU (sm_75).
+TARGETS = {
+    "sm_90": tvm.target.Target("nvidia/nvidia-h100"),
+    "sm_75": tvm.target.Target(
+        {
+            "kind": "cuda",
+            "arch": "sm_75",
+            "max_threads_per_block": 1024,
+            "max_shared_memory_per_block": 49152,
+            "thread_warp_size": 32,
+        }
+    ),
+}
+
+
+def cuda_context(func: Any, target: tvm.target.Target, design_spaces: bool) -> ms.TuneContext:
+    """A TuneContext of ``func`` on ``target``, with TVM's default CUDA design space when asked."""
+    space = None
+    if design_spaces:
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
+            postprocs=ms.postproc.Postproc.create("cuda"),
+            mutator_probs={},
+        )
+    return tune_context(func, target, space=space, task_name="x")
