@@ -311,9 +311,8 @@ def _family_results(family: str) -> list[tuple[Case, str, str | None]]:
     return _RESULTS[family]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_engine_matches_tvm(family: str) -> None:
-    results = _family_results(family)
+def check_family(family: str, results: list[tuple[Case, str, str | None]]) -> None:
+    """Prints a family's comparisons by source and mode, and fails on the first difference."""
     traces = {id(c) for c, _, _ in results}
     assert len(traces) >= 20, f"{family}: only {len(traces)} traces"
     by_source = collections.Counter(c.source for c in {id(c): c for c, _, _ in results}.values())
@@ -329,6 +328,11 @@ def test_engine_matches_tvm(family: str) -> None:
             f"{len(failures)} of {len(results)} comparisons differ ({summary}). First: workload {case.workload} "
             f"({case.source}, {case.label}), mode {mode}: {diff}\ntrace: {trace}"
         )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_matches_tvm(family: str) -> None:
+    check_family(family, _family_results(family))
 
 
 def test_at_least_500_traces() -> None:

@@ -26,7 +26,6 @@ engine's postprocessors must refuse it too, with ``ScheduleError``.
 
 from __future__ import annotations
 
-import collections
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from fastsearch.ir.target import cuda_limits
 from fastsearch.ir.tir_import import program_json
 from gpu_workloads import FAMILIES, TARGETS, cuda_context
 from test_schedule_differential import _OPS as CPU_OPS
-from test_schedule_differential import Case, _is_dynamic
+from test_schedule_differential import Case, _is_dynamic, check_family
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
@@ -250,22 +249,7 @@ def _family_results(family: str) -> list[tuple[GpuCase, str, str | None]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_engine_matches_tvm_on_cuda(family: str) -> None:
-    results = _family_results(family)
-    traces = {id(c) for c, _, _ in results}
-    assert len(traces) >= 20, f"{family}: only {len(traces)} traces"
-    by_source = collections.Counter(c.source for c in {id(c): c for c, _, _ in results}.values())
-    failures = [(c, mode, d) for c, mode, d in results if d is not None]
-    by_mode = collections.Counter(mode for _, mode, _ in results)
-    failed_by_mode = collections.Counter(mode for _, mode, _ in failures)
-    summary = ", ".join(f"{m} {by_mode[m] - failed_by_mode[m]}/{by_mode[m]}" for m in sorted(by_mode))
-    print(f"\n{family}: {len(traces)} traces ({dict(by_source)}); {summary}")
-    if failures:
-        case, mode, diff = failures[0]
-        trace = case.pre_trace if mode != "post-replay" else case.post_trace
-        pytest.fail(
-            f"{len(failures)} of {len(results)} comparisons differ ({summary}). First: workload {case.workload} "
-            f"({case.source}, {case.label}), mode {mode}: {diff}\ntrace: {trace}"
-        )
+    check_family(family, list(_family_results(family)))
 
 
 def test_at_least_600_cuda_traces() -> None:
