@@ -118,23 +118,6 @@ pub fn estimate_gpu(program: &Program, space: &GpuSketchSpace, genome: &GpuGenom
         .sum()
 }
 
-/// Extents of a tiled block's loops at the given levels, multiplied over loops of `kind`.
-fn level_product(
-    program: &Program,
-    b: usize,
-    tiles: &[Vec<i64>],
-    kind: IterKind,
-    levels: &[usize],
-) -> f64 {
-    program.blocks[b]
-        .iter_vars
-        .iter()
-        .zip(tiles)
-        .filter(|(v, _)| v.kind == kind)
-        .map(|(_, f)| levels.iter().map(|&l| f[l]).product::<i64>() as f64)
-        .product()
-}
-
 fn tiled_kernel(
     m: &GpuMachine,
     program: &Program,
@@ -145,11 +128,11 @@ fn tiled_kernel(
 ) -> f64 {
     let blk = &program.blocks[b];
     let fmas: f64 = blk.iter_vars.iter().map(|v| v.extent as f64).product();
-    let grid = level_product(program, b, tiles, IterKind::Spatial, &[0]);
+    let grid = tiling::level_product(program, b, tiles, IterKind::Spatial, &[0]) as f64;
     let threads = tiling::threads_per_block(program, b, tiles) as f64;
     let accumulators = tiling::accumulators(program, b, tiles) as f64;
     let shared = tiling::shared_bytes(space, program, b, tiles) as f64;
-    let steps = level_product(program, b, tiles, IterKind::Reduce, &[0]);
+    let steps = tiling::level_product(program, b, tiles, IterKind::Reduce, &[0]) as f64;
     // Registers: ptxas gave 48-167 for 16 accumulators a thread and 110-255 for 64 on 24 sm_90
     // cubins of GMM (1, 512, 512, 512) candidates; a line through their middle.
     let registers = 1.5 * accumulators + 30.0;

@@ -154,22 +154,8 @@ impl TraceBuilder {
         candidates: &[i64],
         choice: usize,
     ) {
-        let out = self.fresh('v', 1);
-        let p = 1.0 / candidates.len() as f64;
-        let probs: Vec<f64> = candidates.iter().map(|_| p).collect();
-        self.push(
-            "SampleCategorical",
-            vec![],
-            vec![json!(candidates), json!(probs)],
-            &out,
-        );
-        self.decide(json!(choice));
-        self.push(
-            "Annotate",
-            vec![json!(target), json!(out[0])],
-            vec![json!(key)],
-            &[],
-        );
+        let var = self.sample_categorical(candidates, choice);
+        self.annotate_var(target, key, &var);
     }
 
     /// `Bind` of a loop to a thread axis (`blockIdx.x`, `vthread.x`, `threadIdx.x`).

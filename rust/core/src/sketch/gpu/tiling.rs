@@ -24,14 +24,34 @@ pub const SPATIAL_LEVELS: usize = 5;
 /// Levels of a reduction loop.
 pub const REDUCE_LEVELS: usize = 3;
 
-fn spatial_product(program: &Program, block: usize, tiles: &[Vec<i64>], level: &[usize]) -> i64 {
+/// The product, over the loops of `kind`, of each loop's factors at `levels`.
+pub fn level_product(
+    program: &Program,
+    block: usize,
+    tiles: &[Vec<i64>],
+    kind: IterKind,
+    levels: &[usize],
+) -> i64 {
     program.blocks[block]
         .iter_vars
         .iter()
         .zip(tiles)
-        .filter(|(v, _)| v.kind == IterKind::Spatial)
-        .map(|(_, f)| level.iter().map(|l| f[*l]).product::<i64>())
+        .filter(|(v, _)| v.kind == kind)
+        .map(|(_, f)| levels.iter().map(|l| f[*l]).product::<i64>())
         .product()
+}
+
+fn spatial_product(program: &Program, block: usize, tiles: &[Vec<i64>], level: &[usize]) -> i64 {
+    level_product(program, block, tiles, IterKind::Spatial, level)
+}
+
+/// Tile levels of a loop of `kind`: five for a spatial loop, three for a reduction.
+fn levels(kind: IterKind) -> usize {
+    if kind == IterKind::Reduce {
+        REDUCE_LEVELS
+    } else {
+        SPATIAL_LEVELS
+    }
 }
 
 /// Threads per block of a tiling: the product of the spatial thread tiles.
@@ -136,14 +156,7 @@ pub fn draw_tiles(
         let tiles: Vec<Vec<i64>> = b
             .iter_vars
             .iter()
-            .map(|v| {
-                let parts = if v.kind == IterKind::Reduce {
-                    REDUCE_LEVELS
-                } else {
-                    SPATIAL_LEVELS
-                };
-                sample_perfect_tile(rng, v.extent, parts, GPU_MAX_INNERMOST_FACTOR)
-            })
+            .map(|v| sample_perfect_tile(rng, v.extent, levels(v.kind), GPU_MAX_INNERMOST_FACTOR))
             .collect();
         if fits(space, program, block, &tiles) {
             return tiles;
@@ -165,12 +178,7 @@ pub(super) fn fallback_tiles(
         .iter_vars
         .iter()
         .map(|v| {
-            let parts = if v.kind == IterKind::Reduce {
-                REDUCE_LEVELS
-            } else {
-                SPATIAL_LEVELS
-            };
-            let mut f = vec![1; parts];
+            let mut f = vec![1; levels(v.kind)];
             f[0] = v.extent;
             f
         })
