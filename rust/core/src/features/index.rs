@@ -420,6 +420,18 @@ impl Canon<'_> {
         if k == 1 {
             return a.clone();
         }
+        // floordiv(floormod(x, m * k), k) == floormod(floordiv(x, k), m), which TVM's
+        // canonical simplifier applies when some part of `x` divides by `k` (a fused copy's
+        // `((f0 * 128 + tx * 4 + v) % 1008) // 16` reads `(f0 * 8 + tx // 4) % 63`).
+        if let [t] = a.terms.as_slice() {
+            if let (Index::Sum(x), Some(m)) = (&t.index, t.upper) {
+                let divisible =
+                    x.terms.iter().any(|u| u.scale % k == 0) || (x.base != 0 && x.base % k == 0);
+                if a.base == 0 && t.scale == 1 && t.lower == 1 && m % k == 0 && divisible {
+                    return self.modulo(&self.div(x, k), m / k);
+                }
+            }
+        }
         if let Some((g, q, _)) = self.factor_out(a, k, 2) {
             return if g == k {
                 self.tidy(q)

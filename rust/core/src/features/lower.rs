@@ -430,9 +430,20 @@ fn dim_region(canon: &Canon, s: &Sum, outer_vars: &[String], preds: &[(Sum, i64)
             inner = inner.add(&Sum::term(t.clone()), 1);
         }
     }
-    let (lo, hi) = sum_bounds_capped(&inner, &|v| canon.var_bounds(v), &|i| {
+    let (lo, mut hi) = sum_bounds_capped(&inner, &|v| canon.var_bounds(v), &|i| {
         predicate_cap(canon, i, preds)
     });
+    // A fused copy's whole index under its predicate (`fused * 16 + tx // 2` with
+    // `fused * 32 + tx < 514`), not only a split of it.
+    if inner_span == 0 && inner.terms.len() > 1 {
+        let rest = Sum {
+            terms: inner.terms.clone(),
+            base: 0,
+        };
+        if let Some(c) = predicate_cap(canon, &Index::Sum(Box::new(rest)), preds) {
+            hi = hi.min(c.saturating_add(inner.base)).max(lo);
+        }
+    }
     DimRegion {
         outer,
         lo,
@@ -1038,6 +1049,9 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
     }
     match e {
         Expr::Bin(op, a, b) if op.is_comparison() && is_int_arith(a) && is_int_arith(b) => {
+            if let Some((x, y)) = compared_before_division(canon, op, a, b) {
+                return normalize_comparison(canon, op, x, y);
+            }
             if let (Some(x), Some(y)) = (canon.sum(a), canon.sum(b)) {
                 return normalize_comparison(canon, op, x, y);
             }
@@ -1085,6 +1099,74 @@ fn normalize_int_operands(canon: &Canon, e: &Expr) -> Expr {
     }
 }
 
+/// `c <= floordiv(x, k)` and `floordiv(x, k) < c` with `x` a sum, as TVM's rewrite rules read
+/// them before the division is simplified: `c * k <= x` and `x < c * k` (a fused copy's
+/// `1 <= (f0 * 32 + tx) // 576` is `576 <= f0 * 32 + tx`, not `18 <= f0`).
+fn compared_before_division(canon: &Canon, op: &BinOp, a: &Expr, b: &Expr) -> Option<(Sum, Sum)> {
+    fn division(e: &Expr) -> Option<(&Expr, i64)> {
+        match e {
+            Expr::Bin(BinOp::FloorDiv, x, k) if matches!(**x, Expr::Bin(BinOp::Add, _, _)) => {
+                k.as_int().filter(|k| *k > 0).map(|k| (x.as_ref(), k))
+            }
+            _ => None,
+        }
+    }
+    // Only where no term of `x` divides by `k`: the rewrite rules split that part off first
+    // (`1 <= (h * 4 + rh) // 2` reads `1 <= h * 2 + rh // 2`).
+    let whole = |x: &Expr, k: i64| {
+        canon
+            .sum(x)
+            .filter(|s| s.terms.iter().all(|t| t.scale % k != 0))
+    };
+    match (op, a, b) {
+        (BinOp::Le, Expr::Int(c), _) => {
+            let (x, k) = division(b)?;
+            Some((Sum::constant(c.checked_mul(k)?), whole(x, k)?))
+        }
+        (BinOp::Lt, _, Expr::Int(c)) => {
+            let (x, k) = division(a)?;
+            Some((whole(x, k)?, Sum::constant(c.checked_mul(k)?)))
+        }
+        _ => None,
+    }
+}
+
+/// TVM's canonical simplifier on `d < 0`: with `g` the gcd of the constant and the scales other
+/// than 1, where the terms `g` does not divide lie in `[0, g)`, `d / g < 0` without them, as
+/// `q < c` (`f0 * 224 + tx * 4 + v < 5424` reads `f0 * 56 + tx < 1356`).
+fn lt_divided_by_gcd(canon: &Canon, d: &Sum) -> Option<(Sum, i64)> {
+    let g = d
+        .terms
+        .iter()
+        .filter(|t| t.scale.abs() > 1)
+        .fold(d.base, |g, t| gcd(g, t.scale.abs()))
+        .abs();
+    if g <= 1 || d.terms.iter().all(|t| t.scale.abs() <= 1) {
+        return None;
+    }
+    let mut q = Sum::constant(0);
+    // `g` divides the constant: it is in the gcd.
+    let mut extra = Sum::constant(0);
+    for t in &d.terms {
+        if t.scale % g == 0 {
+            q = q.add(
+                &Sum::term(Split {
+                    scale: t.scale / g,
+                    ..t.clone()
+                }),
+                1,
+            );
+        } else {
+            extra = extra.add(&Sum::term(t.clone()), 1);
+        }
+    }
+    let (lo, hi) = canon.bounds(&extra);
+    if lo < 0 || hi >= g || q.terms.is_empty() {
+        return None;
+    }
+    Some((q, -d.base / g))
+}
+
 /// An integer comparison with both sides as canonical sums, as TVM's simplifier leaves it: decided
 /// by the loop ranges where they decide it, scaled and divided sides rewritten.
 fn normalize_comparison(canon: &Canon, op: &BinOp, x: Sum, y: Sum) -> Expr {
@@ -1105,6 +1187,11 @@ fn normalize_comparison(canon: &Canon, op: &BinOp, x: Sum, y: Sum) -> Expr {
     };
     if let Some(d) = decided {
         return Expr::Bool(d);
+    }
+    if *op == BinOp::Lt {
+        if let Some((q, c)) = lt_divided_by_gcd(canon, &x.add(&y, -1)) {
+            return normalize_comparison(canon, op, q, Sum::constant(c));
+        }
     }
     // `c <= g * x` and `g * x < c` (g the gcd of the scales) read
     // `(c - 1) // g < x` and `x < (c - 1) // g + 1`.

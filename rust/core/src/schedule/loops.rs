@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::state::{Child, LoopId, State};
+use super::state::{BlockId, Child, LoopId, State};
 use crate::error::{Error, Result};
 use crate::program::{BinOp, Expr, IterKind, LoopKind};
 
@@ -76,6 +76,7 @@ pub fn split(
         None => {}
     }
     let product: i64 = fs.iter().product();
+    let unsimplified = st.blocks_without_iter_maps(Some(l));
     let parent = st.loops[l].parent;
     let pos = st.position(Child::Loop(l))?;
     let children = std::mem::take(&mut st.loops[l].children);
@@ -120,7 +121,7 @@ pub fn split(
         }
     }
     let new_vars: Vec<String> = ids.iter().map(|&id| st.loops[id].var.clone()).collect();
-    st.simplify_bindings_using(Some(ids[0]), &new_vars);
+    st.simplify_bindings_using(Some(ids[0]), &new_vars, &unsimplified);
     Ok(ids)
 }
 
@@ -163,6 +164,7 @@ pub fn fuse(st: &mut State, loops: &[LoopId], _preserve_unit_iters: bool) -> Res
             // TVM's loop variables are 32-bit: its fused loop would silently wrap around.
             Error::schedule(I, "the fused extent overflows a 32-bit loop variable")
         })?;
+    let unsimplified = st.blocks_without_iter_maps(Some(outer));
     let parent = st.loops[outer].parent;
     let pos = st.position(Child::Loop(outer))?;
     let children = std::mem::take(&mut st.loops[inner].children);
@@ -173,39 +175,44 @@ pub fn fuse(st: &mut State, loops: &[LoopId], _preserve_unit_iters: bool) -> Res
     st.loops[f].children = children;
     st.children_mut(parent)[pos] = Child::Loop(f);
     let fv = Expr::Var(st.loops[f].var.clone());
+    // Blocks whose bindings are an iterator map get `floormod(floordiv(f, lower), extent)`,
+    // the form TVM's IterMapSimplify normalises to, and are simplified; the others keep TVM's
+    // substitution as it is, `floordiv(floormod(f, lower * extent), lower)`.
+    let div = |e: Expr, k: i64| match k {
+        1 => e,
+        _ => Expr::Bin(BinOp::FloorDiv, Box::new(e), Box::new(Expr::Int(k))),
+    };
+    let modulo = |e: Expr, k: i64| Expr::Bin(BinOp::FloorMod, Box::new(e), Box::new(Expr::Int(k)));
     let mut subst = Vec::new();
     let mut lower = 1i64;
     for (i, &l) in loops.iter().enumerate().rev() {
-        let div = if lower == 1 {
-            fv.clone()
-        } else {
-            Expr::Bin(
-                BinOp::FloorDiv,
-                Box::new(fv.clone()),
-                Box::new(Expr::Int(lower)),
-            )
-        };
         // TVM binds a unit-extent component to 0 whatever preserve_unit_iters says.
-        let value = if extents[i] == 1 {
-            Expr::Int(0)
+        let (simplified, raw) = if extents[i] == 1 {
+            (Expr::Int(0), Expr::Int(0))
         } else if i == 0 {
-            div
+            (div(fv.clone(), lower), div(fv.clone(), lower))
         } else {
-            Expr::Bin(
-                BinOp::FloorMod,
-                Box::new(div),
-                Box::new(Expr::Int(extents[i])),
+            (
+                modulo(div(fv.clone(), lower), extents[i]),
+                div(modulo(fv.clone(), lower * extents[i]), lower),
             )
         };
-        subst.push((st.loops[l].var.clone(), value));
+        subst.push((st.loops[l].var.clone(), simplified, raw));
         lower *= extents[i];
         st.loops[l].alive = false;
     }
-    st.substitute_under(Some(f), &|v: &str| {
-        subst.iter().find(|(n, _)| n == v).map(|(_, e)| e.clone())
+    let (raw_blocks, blocks): (Vec<BlockId>, Vec<BlockId>) = st
+        .blocks_under(Some(f))
+        .into_iter()
+        .partition(|b| unsimplified.contains(b));
+    st.substitute_in(&blocks, &|v: &str| {
+        subst.iter().find(|s| s.0 == v).map(|s| s.1.clone())
+    });
+    st.substitute_in(&raw_blocks, &|v: &str| {
+        subst.iter().find(|s| s.0 == v).map(|s| s.2.clone())
     });
     let fused = [st.loops[f].var.clone()];
-    st.simplify_bindings_using(Some(f), &fused);
+    st.simplify_bindings_using(Some(f), &fused, &unsimplified);
     Ok(f)
 }
 

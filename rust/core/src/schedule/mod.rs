@@ -3,6 +3,7 @@
 //!
 //! * [`state`] — the mutable loop tree, addressed by stable loop and block ids.
 //! * [`arith`] — linear forms, simplification and interval bounds of index expressions.
+//! * [`iter_map`] — whether bindings are an affine iterator map (when TVM simplifies them).
 //! * [`loops`] — split, fuse, reorder, loop kinds.
 //! * [`compute`] — compute_at, reverse_compute_at, compute_inline, reverse_compute_inline.
 //! * [`cache`] — cache_read, cache_write.
@@ -16,6 +17,7 @@ pub mod arith;
 pub mod cache;
 pub mod compute;
 pub mod gpu_postproc;
+pub mod iter_map;
 pub mod loops;
 pub mod nest;
 pub mod postproc;

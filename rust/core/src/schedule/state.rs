@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::arith::{self, Ranges};
+use super::iter_map;
 use crate::error::{Error, Result};
 use crate::program::{Block, Buffer, Expr, IterKind, LoopKind, Node, Program};
 
@@ -411,15 +412,35 @@ impl State {
     /// one of the loop variables `vars`: those a split or fuse just substituted. The others were
     /// simplified when they last changed and no range they read has changed since; skipping
     /// them took a fifth off replaying a conv trace.
-    pub fn simplify_bindings_using(&mut self, parent: Option<LoopId>, vars: &[String]) {
+    /// Blocks in `unsimplified` keep their bindings as substituted: TVM's `IterMapSimplify`
+    /// leaves bindings that are not an iterator map as they are.
+    pub fn simplify_bindings_using(
+        &mut self,
+        parent: Option<LoopId>,
+        vars: &[String],
+        unsimplified: &[BlockId],
+    ) {
         let ranges = self.ranges();
         for b in self.blocks_under(parent) {
+            if unsimplified.contains(&b) {
+                continue;
+            }
             for e in self.blocks[b].bindings.iter_mut() {
                 if vars.iter().any(|v| arith::uses_var(e, v)) {
                     *e = arith::simplify(e, &ranges);
                 }
             }
         }
+    }
+
+    /// The blocks under `parent` whose bindings are not an affine iterator map under the
+    /// current loop ranges: a split or fuse of a loop above them leaves them unsimplified.
+    pub fn blocks_without_iter_maps(&self, parent: Option<LoopId>) -> Vec<BlockId> {
+        let ranges = self.ranges();
+        self.blocks_under(parent)
+            .into_iter()
+            .filter(|&b| !iter_map::is_iter_map(&self.blocks[b].bindings, &ranges))
+            .collect()
     }
 
     /// Simplifies the bindings of block `b` with the current loop ranges.
@@ -436,7 +457,13 @@ impl State {
         parent: Option<LoopId>,
         map: &impl Fn(&str) -> Option<Expr>,
     ) {
-        for b in self.blocks_under(parent) {
+        let blocks = self.blocks_under(parent);
+        self.substitute_in(&blocks, map);
+    }
+
+    /// Substitutes loop variables in the bindings and predicates of `blocks`.
+    pub fn substitute_in(&mut self, blocks: &[BlockId], map: &impl Fn(&str) -> Option<Expr>) {
+        for &b in blocks {
             let sb = &mut self.blocks[b];
             for e in sb.bindings.iter_mut() {
                 *e = e.substitute(map);
