@@ -4,10 +4,12 @@ design space when asked."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import tvm
 from fastsearch.ir.tune_context import tune_context
+from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
@@ -37,3 +39,17 @@ def cuda_context(func: Any, target: tvm.target.Target, design_spaces: bool) -> m
             mutator_probs={},
         )
     return tune_context(func, target, space=space, task_name="x")
+
+
+def resampled_design_spaces(
+    func: Any, target: tvm.target.Target, seeds: Iterable[int]
+) -> Iterator[tuple[int, int, ms.TuneContext, s_tir.Schedule]]:
+    """TVM's CUDA design spaces of ``func`` on ``target``, each replayed with fresh random
+    decisions under every seed (postprocessing instructions kept): (space index, seed, the
+    TuneContext, the schedule)."""
+    ctx = cuda_context(func, target, design_spaces=True)
+    for si, space in enumerate(ctx.generate_design_space()):
+        for seed in seeds:
+            sch = s_tir.Schedule(func, seed=seed)
+            s_tir.Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=False)
+            yield si, seed, ctx, sch

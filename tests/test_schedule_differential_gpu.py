@@ -39,7 +39,7 @@ from fastsearch import _core
 from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
 from fastsearch.ir.target import cuda_limits
 from fastsearch.ir.tir_import import program_json
-from gpu_workloads import FAMILIES, TARGETS, cuda_context
+from gpu_workloads import FAMILIES, TARGETS, cuda_context, resampled_design_spaces
 from test_schedule_differential import _OPS as CPU_OPS
 from test_schedule_differential import Case, _is_dynamic, check_family
 from tvm import s_tir
@@ -111,15 +111,8 @@ def _case(
 def design_space_traces(workload: str, func: Any) -> Iterator[tuple[str, GpuCase]]:
     """TVM's CUDA design spaces of ``func`` on each target, re-sampled under several seeds."""
     for tname, target in TARGETS.items():
-        ctx = _context(func, target, design_spaces=True)
-        for si, space in enumerate(ctx.generate_design_space()):
-            for seed in SEEDS:
-                sch = s_tir.Schedule(func, seed=seed)
-                s_tir.Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=False)
-                yield (
-                    tname,
-                    _case(workload, "design-space", func, sch, ctx, f"{tname} space {si} seed {seed}"),
-                )
+        for si, seed, ctx, sch in resampled_design_spaces(func, target, SEEDS):
+            yield tname, _case(workload, "design-space", func, sch, ctx, f"{tname} space {si} seed {seed}")
 
 
 def _op_bind(sch: Any, rng: random.Random) -> None:

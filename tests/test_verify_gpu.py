@@ -23,7 +23,7 @@ import tvm
 from fastsearch import _core
 from fastsearch.ir.loop_nest import trace_json
 from fastsearch.ir.tir_import import program_json
-from gpu_workloads import FAMILIES, TARGETS
+from gpu_workloads import FAMILIES, TARGETS, resampled_design_spaces
 from gpu_workloads import cuda_context as _context
 from test_schedule_differential_gpu import gpu_target, random_primitive_traces
 from tvm import s_tir
@@ -99,14 +99,9 @@ def _candidates(family: str) -> list[tuple[str, Any, str, str, bool | str]]:
     for idx in range(len(te_workload.CONFIGS[family][1])):
         func = te_workload.create_te_workload(family, idx)
         for tname, target in TARGETS.items():
-            ctx = _context(func, target, design_spaces=True)
-            for si, space in enumerate(ctx.generate_design_space()):
-                for seed in SEEDS:
-                    sch = s_tir.Schedule(func, seed=seed)
-                    s_tir.Trace(space.trace.insts, {}).apply_to_schedule(sch, remove_postproc=False)
-                    pre = trace_json(sch.trace)
-                    label = f"{family}[{idx}] {tname} space {si} seed {seed}"
-                    out.append((label, func, tname, pre, _tvm_verdict(ctx, sch)))
+            for si, seed, ctx, sch in resampled_design_spaces(func, target, SEEDS):
+                label = f"{family}[{idx}] {tname} space {si} seed {seed}"
+                out.append((label, func, tname, trace_json(sch.trace), _tvm_verdict(ctx, sch)))
         for tname, case in random_primitive_traces(f"{family}[{idx}]", func):
             sch = s_tir.Schedule(func)
             s_tir.Trace.apply_json_to_schedule(json.loads(case.pre_trace), sch)
