@@ -56,9 +56,9 @@ def held_out_spearman(work: Path, workload: str) -> float | None:
     from fastsearch.cli.main import load_workload
     from fastsearch.costmodel.build_time import BuildTimeModel
     from fastsearch.ir.tir_import import program_json
-    from fastsearch.search.guided import SearchState
+    from fastsearch.search.state import SearchState
 
-    builds = SearchState(work, "main").load_builds()
+    builds = SearchState.found(work, "main", "builds.jsonl").load_builds()
     keys = list(builds)  # file order: measurement order
     if len(keys) < 32:
         return None

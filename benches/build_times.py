@@ -13,6 +13,7 @@ process, one at a time, so the machine should be otherwise idle.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 import tvm
 from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key
+from fastsearch.search.state import state_file
 
 from benches.runs import compile_record, fastsearch_dir, mean_us, records_in_order
 
@@ -40,9 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload(run["workload"])
     records = records_in_order(work, workload.func)
     genomes: dict[str, str] = {}
-    genome_file = work / "fastsearch_search.main.genomes.jsonl"
-    if genome_file.exists():
-        for line in genome_file.read_text().splitlines():
+    with contextlib.suppress(FileNotFoundError):
+        for line in state_file(work, "main", "genomes.jsonl").read_text().splitlines():
             entry = json.loads(line)
             genomes[entry["key"]] = entry["genome"]
     target = tvm.target.Target(json.loads(run["target"]))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fastsearch.database import mean_run_secs
+from fastsearch.search.state import state_file
 
 from benches.runs import fastsearch_dir, metaschedule_dir
 
@@ -55,7 +56,7 @@ def _genomes(work: Path, records: list[list[Any]]) -> list[dict[str, Any] | None
     """Each record's genome: the proposal whose key (trace before postprocessing) the record's
     trace starts with and whose decisions it has."""
     by_decisions: dict[str, list[tuple[list[Any], dict[str, Any]]]] = {}
-    for line in (work / "fastsearch_search.main.genomes.jsonl").read_text().splitlines():
+    for line in state_file(work, "main", "genomes.jsonl").read_text().splitlines():
         row = json.loads(line)
         insts, decisions = json.loads(row["key"])
         by_decisions.setdefault(json.dumps(decisions), []).append((insts, json.loads(row["genome"])))

@@ -30,6 +30,7 @@ from fastsearch.cli.main import load_workload
 from fastsearch.costmodel.learned import CostModel, StoreFeatureModel, pairwise_accuracy, pooled_features
 from fastsearch.database import candidate_key
 from fastsearch.ir.tir_import import program_json
+from fastsearch.search.state import state_file
 
 from benches.runs import mean_us, records_in_order
 
@@ -39,8 +40,9 @@ DEPTHS = (6, 4, 3, 2)
 def _run_records(run: dict) -> tuple[str, list[str], np.ndarray, dict[str, str]] | None:
     """(program JSON, keys in measured order, latencies in us, genome by key) of one run."""
     work = Path(run["work_dir"]) / "fastsearch"
-    genomes_path = work / "fastsearch_search.main.genomes.jsonl"
-    if not genomes_path.exists():
+    try:
+        genomes_path = state_file(work, "main", "genomes.jsonl")
+    except FileNotFoundError:
         return None
     func = load_workload(run["workload"]).func
     genomes: dict[str, str] = {}

@@ -13,6 +13,7 @@ from typing import Any
 
 import tvm
 from fastsearch.database import candidate_key
+from fastsearch.search.state import PREFIX
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 
@@ -31,17 +32,13 @@ def records_in_order(work_dir: Path, func: Any) -> list[ms.database.TuningRecord
 
 #: What of a fastsearch work directory a suite keeps (gzipped), so that its records can be
 #: re-timed and analysed after the temporary work directory is gone.
-_FASTSEARCH_KEPT = (
-    "database_workload.json",
-    "database_tuning_record.json",
-    "fastsearch_search.main.genomes.jsonl",
-)
+_FASTSEARCH_KEPT = ("database_workload.json", "database_tuning_record.json", f"{PREFIX}.*genomes.jsonl")
 
 
 def keep_fastsearch(work: Path, kept: Path) -> None:
     """Gzipped copies of fastsearch's database and genomes from ``work`` in ``kept``."""
     kept.mkdir(parents=True, exist_ok=True)
-    for name in _FASTSEARCH_KEPT:
+    for name in sorted({p.name for pattern in _FASTSEARCH_KEPT for p in work.glob(pattern)}):
         if (work / name).exists():
             with gzip.open(kept / f"{name}.gz", "wb", compresslevel=9) as out:
                 out.write((work / name).read_bytes())

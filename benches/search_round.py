@@ -26,6 +26,7 @@ from fastsearch.database import candidate_key, mean_run_secs
 from fastsearch.ir.target import resolve_target
 from fastsearch.search.guided import ModelGuidedSampler
 from fastsearch.search.sample import Postprocessor
+from fastsearch.search.state import state_file
 
 from benches.runs import fastsearch_dir, records_in_order
 
@@ -48,7 +49,7 @@ def time_round(run: dict, fs_dir: Path, records: int, batch: int, seed: int) -> 
         if len(history) == records:
             break
     sampler = ModelGuidedSampler(func, target, "evolutionary", lambda: history, Postprocessor(func, target))
-    for line in (fs_dir / "fastsearch_search.main.genomes.jsonl").read_text().splitlines():
+    for line in state_file(fs_dir, "main", "genomes.jsonl").read_text().splitlines():
         row = json.loads(line)
         sampler.genomes[row["key"]] = row["genome"]
     t0 = time.perf_counter()

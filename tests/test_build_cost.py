@@ -18,9 +18,9 @@ from fastsearch.search.guided import (
     BUILD_RANK_WEIGHT,
     BUILD_SLOW_SHARE,
     ModelGuidedSampler,
-    SearchState,
     prefer_cheap_builds,
 )
+from fastsearch.search.state import SearchState
 from workloads import small
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})

@@ -20,13 +20,13 @@ from fastsearch.search.guided import (
     RERANK_POOL,
     WARM_MODEL_WEIGHT,
     ModelGuidedSampler,
-    SearchState,
     SiblingRecords,
     anchor_distance,
     anchor_extents,
     blend_ranks,
     keep_exploring,
 )
+from fastsearch.search.state import SearchState, state_file, state_name
 from workloads import matmul, matmul_relu, small, softmax
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -257,6 +257,26 @@ def test_search_state_makes_a_later_run_start_warm(tmp_path):
     assert model is not None and weight > 0
     rows = third.program.sketch_feature_rows(third.core_target, list(saved.load_genomes().values())[:4])
     assert np.isfinite(model.predict(rows)).all()  # the booster Rust evaluates
+
+
+def test_state_files_are_per_task_and_shape(tmp_path):
+    """Two tasks of one name and different shapes (two models' ``fused_conv2d_add_relu``) keep
+    their search state apart; a task's name and module always name the same files."""
+    a, b = matmul(32), matmul(48)
+    assert state_name("main", a) == state_name("main", matmul(32)) != state_name("main", b)
+    first, second = SearchState.of_task(tmp_path, "main", a), SearchState.of_task(tmp_path, "main", b)
+    first.add_builds([("k1", 0.5)])
+    assert second.load_builds() == {}
+    assert SearchState.found(tmp_path, "main", "builds.jsonl").load_builds() == {"k1": 0.5}
+    second.add_builds([("k2", 1.5)])
+    with pytest.raises(ValueError, match="2 tasks named 'main'"):
+        state_file(tmp_path, "main", "builds.jsonl")
+    with pytest.raises(FileNotFoundError):
+        state_file(tmp_path, "other", "builds.jsonl")
+    # A run from before the hash (its files named after the task alone) is still found.
+    legacy = tmp_path / "legacy"
+    SearchState(legacy, "main").add_genomes([("k", "{}")])
+    assert state_file(legacy, "main", "genomes.jsonl").name == "fastsearch_search.main.genomes.jsonl"
 
 
 def test_analytical_model_waits_on_short_fma_chains_only_without_independent_work():

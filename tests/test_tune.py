@@ -20,6 +20,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+from workloads import matmul
 
 TARGET = resolve_target(None)
 #: Without the final round, which may store a runner-up again (tested on its own below).
@@ -278,6 +279,18 @@ def test_final_round_off(tmp_path):
     result = tune(gmm(), TARGET, trials=4, work_dir=tmp_path, progress=False, measure=NO_FINAL)
     assert result.tasks["main"].final is None and "final" not in result.timing
     assert len(_stored(tmp_path)) == 4
+
+
+def test_two_workloads_of_one_name_keep_their_own_search_state(tmp_path):
+    """Two PrimFuncs both called ``main`` tuned in one work directory: each task's genomes are
+    kept under its own structural hash, and neither run reads the other's."""
+    first = tune(gmm(), TARGET, trials=2, work_dir=tmp_path, progress=False, measure=NO_FINAL)
+    second = tune(matmul(32), TARGET, trials=2, work_dir=tmp_path, progress=False, measure=NO_FINAL)
+    assert first.trials_measured == second.trials_measured == 2
+    files = sorted(tmp_path.glob("fastsearch_search.main.*.genomes.jsonl"))
+    assert len(files) == 2
+    keys = [{json.loads(line)["key"] for line in f.read_text().splitlines()} for f in files]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
 
 
 def test_build_stages_are_recorded(tmp_path):

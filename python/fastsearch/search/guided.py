@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Literal, cast, get_args
 
 import numpy as np
 import tvm
@@ -32,6 +30,7 @@ from fastsearch.search.sample import (
     replay,
     replay_all,
 )
+from fastsearch.search.state import SearchState
 from fastsearch.search.warm_start import SEED_SHARE, TaskWarmStart, mean_log2_ratio
 
 #: Records needed before the learned model is used at all, and until it takes over fully.
@@ -81,8 +80,6 @@ BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
 BUILD_SLOW_LOG2 = 2.0
 BUILD_SLOW_SHARE = 0.125
-
-T = TypeVar("T")
 
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
@@ -541,77 +538,3 @@ class SiblingRecords:
                     other.moved[(name, k)] = m
             ranked.append([m for _, k in best if (m := other.moved[(name, k)]) is not None])
         return [r[i] for i in range(SIBLING_SEEDS) for r in ranked if i < len(r)]
-
-
-class SearchState:
-    """What a model-guided search keeps next to the database, so a later run starts warm.
-
-    ``<prefix>.genomes.jsonl`` maps each proposed candidate's key (its trace JSON, the database's
-    key) to its genome, one JSON line each, appended as proposals are made; a torn last line
-    (a killed run) is skipped. ``<prefix>.builds.jsonl`` holds each measured candidate's build
-    seconds the same way. ``<prefix>.model.json`` holds the last trained booster and how many
-    records trained it, replaced atomically.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], task: str) -> None:
-        self.directory = Path(directory)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in task)
-        self.genomes_path = self.directory / f"fastsearch_search.{safe}.genomes.jsonl"
-        self.model_path = self.directory / f"fastsearch_search.{safe}.model.json"
-        self.builds_path = self.directory / f"fastsearch_search.{safe}.builds.jsonl"
-
-    def load_genomes(self) -> dict[str, str]:
-        """The genome of every candidate proposed by earlier runs, by key (a torn line: its
-        candidate is simply proposed again)."""
-        return _read_keyed(self.genomes_path, "genome", str)
-
-    def add_genomes(self, pairs: list[tuple[str, str]]) -> None:
-        _append_keyed(self.genomes_path, "genome", pairs)
-
-    def load_builds(self) -> dict[str, float]:
-        """Build seconds of the candidates measured by earlier runs, by key."""
-        return _read_keyed(self.builds_path, "build_s", float)
-
-    def add_builds(self, pairs: list[tuple[str, float]]) -> None:
-        _append_keyed(self.builds_path, "build_s", [(key, round(seconds, 4)) for key, seconds in pairs])
-
-    def load_model(self) -> tuple[str, int] | None:
-        """(booster JSON, records it was trained on), or None if absent or unreadable."""
-        try:
-            saved = json.loads(self.model_path.read_text())
-            return json.dumps(saved["booster"]), int(saved["trained_on"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def save_model(self, booster_json: str, trained_on: int) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.model_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"trained_on": trained_on, "booster": json.loads(booster_json)}))
-        os.replace(tmp, self.model_path)
-
-
-def _read_keyed(path: Path, field: str, convert: Callable[[Any], T]) -> dict[str, T]:
-    """``{key: convert(entry[field])}`` of a JSON-lines file of ``{"key": ..., field: ...}``
-    entries; a line torn by a kill (or whose field is missing or will not convert) is skipped, a
-    missing file is empty."""
-    out: dict[str, T] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-            out[str(entry["key"])] = convert(entry[field])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
-
-
-def _append_keyed(path: Path, field: str, pairs: Iterable[tuple[str, object]]) -> None:
-    """Appends one ``{"key": key, field: value}`` line per pair (nothing, not even the folder,
-    when there are none)."""
-    lines = [json.dumps({"key": key, field: value}) + "\n" for key, value in pairs]
-    if not lines:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.writelines(lines)

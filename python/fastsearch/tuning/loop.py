@@ -52,8 +52,9 @@ from fastsearch.measure.measurer import (
     run_function,
 )
 from fastsearch.search.gpu import GpuSampler
-from fastsearch.search.guided import ModelGuidedSampler, SearchState, SiblingRecords
+from fastsearch.search.guided import ModelGuidedSampler, SiblingRecords
 from fastsearch.search.sample import Postprocessor, fresh_copy, sample_candidates
+from fastsearch.search.state import SearchState
 from fastsearch.search.warm_start import WarmStart
 from fastsearch.tuning.model_round import ModelRound, model_round
 from fastsearch.tuning.options import STRATEGIES, Sampler, TuningPlan, Verification
@@ -140,7 +141,7 @@ def _resolve_sampler(
                 str(strategy),
                 history,
                 postprocessor=task.post,
-                state=SearchState(db.path, task.name),
+                state=SearchState.of_task(db.path, task.name, task.mod),
                 warm=warm.for_task(task.func, _core.Program(program_json(task.func)))
                 if warm is not None
                 else None,
