@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import numpy as np
 import pytest
 import tvm
 from fastsearch import InvalidTarget, MeasurementError, UnsupportedWorkload
 from fastsearch.database import FAILED_RUN_SECS, RECORD_FILE, TuningDatabase, candidate_key
-from fastsearch.ir.target import resolve_target
+from fastsearch.ir.machine import SPEEDUP_ENV, machine_of
+from fastsearch.ir.target import host_cpu, resolve_target
 from fastsearch.measure.measurer import MeasureConfig
 from fastsearch.search.sample import sample_candidates
 from fastsearch.tuning.tune import TuneResult, tune
@@ -153,6 +155,39 @@ def test_no_candidate_measurable_raises(tmp_path):
             progress=False,
             strategy=lambda f, t, n, s, e: [_impossible_trace(f)],
         )
+
+
+def test_kernels_are_measured_on_the_targets_cores(tmp_path, monkeypatch):
+    """The processes a run starts inherit TVM_NUM_THREADS = the target's num-cores (the user's
+    setting wins), the cost model assumes what they run, and the environment is restored after
+    the run, also one that fails (tests/test_threads.py times a worker's threads)."""
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv(SPEEDUP_ENV, raising=False)
+    two = tvm.target.Target({"kind": "llvm", "mcpu": host_cpu(), "num-cores": 2})
+    seen = set()
+
+    def sampler(f, target, n, seed, exclude):
+        seen.add((os.environ.get("TVM_NUM_THREADS"), machine_of(target).parallel_speedup))
+        return sample_candidates(f, target, n, seed, exclude)
+
+    def run(where: str, strategy=sampler) -> TuneResult:
+        return tune(
+            gmm(), two, trials=2, batch_size=2, work_dir=tmp_path / where, strategy=strategy,
+            progress=False, measure=NO_FINAL, verify=False,
+        )  # fmt: skip
+
+    run("default")
+    assert seen == {("2", None)}  # the runtime runs both cores: linear speedup
+    assert "TVM_NUM_THREADS" not in os.environ
+    seen.clear()
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    run("user")
+    assert seen == {("1", 1.0)}
+    assert os.environ["TVM_NUM_THREADS"] == "1"
+    monkeypatch.delenv("TVM_NUM_THREADS")
+    with pytest.raises(MeasurementError):
+        run("failing", strategy=lambda f, t, n, s, e: [_impossible_trace(f)])
+    assert "TVM_NUM_THREADS" not in os.environ
 
 
 def test_irmodule_of_two_primfuncs(tmp_path):

@@ -19,6 +19,7 @@ from fastsearch.errors import (
     UnsupportedWorkload,
 )
 from fastsearch.graph.partition import partition
+from fastsearch.ir.threads import set_kernel_threads
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.metaschedule import CostModel, FeatureExtractor, SearchStrategy
 from fastsearch.search.sample import sample
@@ -52,5 +53,6 @@ __all__ = [
     "extract_features",
     "partition",
     "sample",
+    "set_kernel_threads",
     "tune",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -21,7 +20,8 @@ from typing import Any
 
 from fastsearch.errors import FastsearchError, UnsupportedWorkload
 from fastsearch.graph.model_timing import describe_end_to_end, end_to_end
-from fastsearch.ir.target import physical_cores, require_measurable, resolve_target
+from fastsearch.ir.target import require_measurable, resolve_target
+from fastsearch.ir.threads import kernel_threads_env
 from fastsearch.measure.measurer import BUILD_STAGES, MeasureConfig, RPCRunner
 from fastsearch.testing import onnx_zoo
 from fastsearch.testing.onnx_zoo import SMALL, ZOO
@@ -569,11 +569,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastsearch`` command."""
     args = _parser().parse_args(argv)
-    # Kernels run on every core, in tuning and in the timings the command reports (TVM's runtime
-    # would use half the logical CPUs: one thread on a 2-vCPU machine). The user's setting wins.
-
-    threads_before = os.environ.get("TVM_NUM_THREADS")
-    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
     try:
         if args.command == "workloads":
             return _cmd_workloads(args)
@@ -581,7 +576,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.trials = 16 if args.build_only else 64
         if args.trials < 1:
             raise SystemExit("fastsearch: error: --trials must be at least 1")
-        return _cmd_tune(args)
+        # Kernels run on the target's num-cores threads (every core by default), in tuning and in
+        # the timings the command reports (TVM's runtime would use half the logical CPUs: one
+        # thread on a 2-vCPU machine). The user's TVM_NUM_THREADS wins; main() called in-process
+        # (tests) leaves the environment as it was.
+        remote = bool(args.rpc_tracker or args.rpc_key)
+        with kernel_threads_env(resolve_target(args.target), remote=remote):
+            return _cmd_tune(args)
     except FastsearchError as exc:
         print(f"fastsearch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -590,9 +591,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fastsearch: interrupted; the database keeps every finished batch", file=sys.stderr)
         return 130
-    finally:
-        if threads_before is None:  # main() called in-process (tests) leaves the environment as it was
-            os.environ.pop("TVM_NUM_THREADS", None)
 
 
 if __name__ == "__main__":

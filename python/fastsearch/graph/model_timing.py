@@ -30,6 +30,7 @@ import tvm
 from tvm import relax
 
 from fastsearch.errors import MeasurementError, UnsupportedWorkload
+from fastsearch.ir.threads import kernel_threads, target_threads
 
 __all__ = [
     "FreshTiming",
@@ -305,10 +306,11 @@ def end_to_end(
     ``source`` as ``tvm.compile`` builds it with TVM's default schedules, ``"tuned"`` is
     ``result.compile()``; with ``onnx_file`` (and onnxruntime installed) ``"onnxruntime"`` runs
     the same model. Both libraries are written to the run's work directory. Every model runs on
-    the target's ``num-cores`` threads, on the same random inputs (:func:`model_inputs`);
+    the target's ``num-cores`` threads (``TVM_NUM_THREADS`` where the user set it, as in
+    tuning), on the same random inputs (:func:`model_inputs`);
     ``profile`` also times every VM call of the tuned model (``FreshTiming.profile``)."""
 
-    threads = int(result.target.attrs.get("num-cores", 1) or 1)
+    threads = kernel_threads(result.target) or target_threads(result.target)
     inputs = model_inputs(source, seed=1)
     work = Path(result.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,12 @@ core). On a virtual machine with 2 vCPUs, one core each, that is one thread: eve
 serially, and a schedule that splits its work into parallel jobs gains nothing over one that
 spends the same loops on locality (MetaSchedule's fastest kernels for C1D and C2D 7x7 there have
 no parallel loop). So for this machine's own CPU the model's speedup on all cores is the runtime's
-thread count when that is smaller than ``num-cores``. ``FASTSEARCH_PARALLEL_SPEEDUP`` sets it
-instead: a number, or ``linear`` for the core count (say, for a remote device whose runtime is
-configured otherwise).
+thread count when that is smaller than ``num-cores``, read in the environment the measuring
+processes get. ``fastsearch.tune`` and the command set ``TVM_NUM_THREADS`` to ``num-cores`` for
+their runs unless the user set it (:mod:`fastsearch.ir.threads`), so the speedup is linear there
+unless the user asked for fewer threads. ``FASTSEARCH_PARALLEL_SPEEDUP`` sets it instead: a
+number, or ``linear`` for the core count (say, for a remote device whose runtime is configured
+otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import tvm
 
 from fastsearch import _core
 from fastsearch.ir.target import host_cpu
+from fastsearch.ir.threads import THREADS_ENV
 
 #: Overrides the runtime's thread count as the speedup on all cores: a number, or ``linear``.
 SPEEDUP_ENV = "FASTSEARCH_PARALLEL_SPEEDUP"
@@ -99,13 +103,21 @@ def machine_of(target: tvm.target.Target) -> Machine:
     return Machine(num_cores(target), vector_bytes(target), fma_per_cycle(target), parallel_speedup(target))
 
 
-@functools.cache
 def runtime_threads() -> int | None:
     """Threads TVM's runtime runs a parallel kernel on in the processes that measure kernels
-    (they inherit this process's environment), asked of a child process once per process.
+    (they inherit this process's environment): asked of a child process once per setting of
+    ``TVM_NUM_THREADS`` and ``OMP_NUM_THREADS``, so that it follows what a run sets
+    (:func:`fastsearch.ir.threads.kernel_threads_env`).
 
     Not asked here: starting TVM's thread pool pins the calling thread to one CPU, and every
     builder process started after it would inherit that (builds took twice as long)."""
+    return _runtime_threads(os.environ.get(THREADS_ENV), os.environ.get("OMP_NUM_THREADS"))
+
+
+@functools.cache
+def _runtime_threads(tvm_threads: str | None, omp_threads: str | None) -> int | None:
+    """:func:`runtime_threads` for the environment's current ``tvm_threads`` and ``omp_threads``
+    (the cache's key; the child process reads them from the environment it inherits)."""
     code = "import tvm; print(tvm.get_global_func('runtime.NumThreads')())"
     try:
         out = subprocess.run(
@@ -117,7 +129,7 @@ def runtime_threads() -> int | None:
             f"cannot ask TVM's runtime for its thread count ({exc}); the cost model assumes every "
             f"core runs (set {SPEEDUP_ENV} to say otherwise)",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return None
 

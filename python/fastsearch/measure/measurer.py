@@ -33,6 +33,7 @@ from tvm.s_tir.meta_schedule.runner import RPCRunner as _MSRPCRunner
 from fastsearch.errors import RemoteError
 from fastsearch.ir.machine import l2_cache_bytes
 from fastsearch.ir.target import device_type, physical_cores
+from fastsearch.ir.threads import kernel_threads_env
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -412,10 +413,14 @@ class Measurer:
     """Builds and times candidates for one target through MetaSchedule's local builder and its local
     runner, or its RPC runner when ``runner`` is an :class:`RPCRunner`.
 
+    Its worker processes run a local CPU target's kernels on the target's ``num-cores`` threads
+    (``TVM_NUM_THREADS``, set until :meth:`close` unless the user set it: ``kernel_threads``
+    says how many; :func:`fastsearch.ir.threads.kernel_threads_env`).
     ``f_build`` is the builder's build function (signature of MetaSchedule's ``default_build``:
     ``(mod, target, params) -> runtime.Module``; default :func:`build_module`, ``None`` for
     MetaSchedule's own; ``MeasureConfig.build_func`` overrides it); it runs in the builder's
-    worker processes. Use as a context manager, or call :meth:`close`, to stop the worker processes.
+    worker processes. Use as a context manager, or call :meth:`close`, to stop the worker processes
+    (and restore ``TVM_NUM_THREADS``).
     """
 
     def __init__(
@@ -428,6 +433,12 @@ class Measurer:
     ) -> None:
         self.target = target
         self.config = config or MeasureConfig()
+        # The worker processes inherit the environment when they start (a crashed one restarts
+        # later): a local CPU target's kernels run on its num-cores threads until close().
+        self._threads = contextlib.ExitStack()
+        self.kernel_threads = self._threads.enter_context(
+            kernel_threads_env(target, remote=runner is not None)
+        )
         workers = self.config.build_workers or physical_cores()
         if self.config.build_func is not None:
             f_build = self.config.build_func
@@ -471,6 +482,7 @@ class Measurer:
             with contextlib.suppress(Exception):
                 self._isolated.kill()
             self._isolated = None
+        self._threads.close()
 
     def run_isolated(
         self, artifact_path: str, arrays: Sequence[np.ndarray], entry: str = "main"

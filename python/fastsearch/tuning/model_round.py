@@ -39,6 +39,7 @@ from fastsearch.errors import MeasurementError
 from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
 from fastsearch.ir.relax_expr import is_tensor_constant
+from fastsearch.ir.threads import kernel_threads, target_threads
 
 __all__ = ["ModelRound", "TaskChoice", "model_round"]
 
@@ -175,7 +176,7 @@ def model_round(
         "rtol": tolerance[0],
         "atol": tolerance[1],
     }
-    threads = int(target.attrs.get("num-cores", 1) or 1)
+    threads = kernel_threads(target) or target_threads(target)  # as the run measured its kernels
     found = _run_in_fresh_process(spec, inputs, threads, timeout_s, folder)
     out.time_s = time.perf_counter() - t0
     for row in found:

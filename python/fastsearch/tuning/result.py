@@ -271,5 +271,13 @@ class TuneResult:
     def compile(self) -> tvm.runtime.Executable:
         """Build the tuned module for the target (``tvm.compile``); call its functions by name,
         ``lib["main"](*tensors)``. For a Relax model it is a VM executable:
-        ``tvm.relax.VirtualMachine(exe, device)["main"](*inputs)``."""
+        ``tvm.relax.VirtualMachine(exe, device)["main"](*inputs)``.
+
+        Its kernels were tuned on the target's ``num-cores`` threads (or ``TVM_NUM_THREADS``
+        where the user set it). They run in this process on TVM's thread pool, which is sized
+        when a thread first runs a parallel kernel (``TVM_NUM_THREADS``, else half the logical
+        CPUs: one thread on a 2-vCPU machine) and never grows. To run them on the threads they
+        were tuned on, call :func:`fastsearch.set_kernel_threads` before the first kernel runs
+        (``fastsearch.set_kernel_threads(int(result.target.attrs["num-cores"]))``, or with no
+        argument for every physical core), or set ``TVM_NUM_THREADS`` before Python starts."""
         return tvm.compile(self.best_module(), target=self.target)

@@ -20,6 +20,7 @@ from fastsearch.errors import UnsupportedWorkload
 from fastsearch.graph.inference import optimize_for_inference, pipeline_steps
 from fastsearch.graph.relax_tasks import extract_tasks, is_relax_module
 from fastsearch.ir.target import TargetLike, require_measurable, resolve_target
+from fastsearch.ir.threads import kernel_threads_env
 from fastsearch.measure.measurer import MeasureConfig, RPCRunner
 from fastsearch.search.warm_start import WarmStart, WarmStartLike
 from fastsearch.tuning import loop
@@ -89,8 +90,11 @@ def tune(
       a fifth of the trials, the faster kept for the rest (:class:`LayoutChoice`), and FuseOps' grouping or a
       measured search beyond it (``"search"`` or a :class:`~fastsearch.tuning.options.FusionSearch`).
 
-    ``result.compile()`` builds the tuned module (a VM executable for a Relax model, whose
-    ``main`` takes the original inputs). A CUDA target is tuned with fastsearch's GPU sketches where a
+    For a CPU target measured here, candidates run on the target's ``num-cores`` threads (for
+    ``target=None``, every physical core): ``TVM_NUM_THREADS`` is set to it for the run and
+    restored afterwards, unless it is set already (then it wins). ``result.compile()`` builds
+    the tuned module (a VM executable for a Relax model, whose ``main`` takes the original
+    inputs); :func:`fastsearch.set_kernel_threads` runs it on the same threads in this process. A CUDA target is tuned with fastsearch's GPU sketches where a
     local GPU or ``runner`` measures the candidates. Raises :class:`fastsearch.UnsupportedTarget`
     for a GPU target nothing can measure (the message names the ways to measure and
     ``--build-only``) and for other GPU kinds, :class:`fastsearch.InvalidTarget`,
@@ -122,12 +126,15 @@ def tune(
         verification=(verify if isinstance(verify, Verification) else Verification()) if verify else None,
         progress=progress,
     )
-    if len(variants) > 1 and not structural_equal(*variants.values()):
-        return _tune_choosing_layout(variants, plan, search)
-    if search is not None:
-        assert isinstance(mod, IRModule)
-        return tune_searching_fusion(mod, plan, search, loop.run)
-    return loop.run(mod, plan)
+    # Kernels are measured on the target's num-cores threads unless the user set TVM_NUM_THREADS,
+    # and the cost model assumes the threads they run on, for the whole run (restored after it).
+    with kernel_threads_env(resolved, remote=runner is not None):
+        if len(variants) > 1 and not structural_equal(*variants.values()):
+            return _tune_choosing_layout(variants, plan, search)
+        if search is not None:
+            assert isinstance(mod, IRModule)
+            return tune_searching_fusion(mod, plan, search, loop.run)
+        return loop.run(mod, plan)
 
 
 def _check_arguments(mod: object, trials: int, pipeline: str, task_scheduler: str) -> None:
