@@ -33,6 +33,7 @@ from fastsearch.errors import MeasurementError, UnsupportedWorkload
 from fastsearch.ir.threads import kernel_threads, target_threads
 
 __all__ = [
+    "ORT_LEVELS",
     "FreshTiming",
     "ProfileRow",
     "VMProfile",
@@ -47,6 +48,12 @@ __all__ = [
     "time_in_fresh_processes",
     "time_interleaved",
 ]
+
+
+#: onnxruntime's graph optimization levels by name. ``all`` adds the layout passes, which turn a
+#: convolution into MLAS's NCHWc one between reorders of its input and output: faster on some
+#: convolutions than ``extended``'s plain NCHW kernel, slower on others (a single 1x1 conv).
+ORT_LEVELS = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
 def time_interleaved(
@@ -117,6 +124,7 @@ def time_in_fresh_processes(
     timeout_s: float = 600.0,
     profile: str | None = None,
     hollow: str | os.PathLike[str] | None = None,
+    ort_optimization: str = "all",
 ) -> FreshTiming:
     """Time exported Relax VM libraries (``name -> path`` of ``exe.export_library``) and, when
     given and installed, ``onnx_file`` under onnxruntime (as ``"onnxruntime"``), ``processes``
@@ -124,12 +132,15 @@ def time_in_fresh_processes(
     threads (``TVM_NUM_THREADS``; onnxruntime's intra-op threads). ``profile`` names a library
     whose every VM call the first process also times (:func:`profile_model`); ``hollow``, that
     library built from :func:`hollow_kernels`, gives the profile the VM's own time.
+    ``ort_optimization`` is onnxruntime's graph optimization level (:data:`ORT_LEVELS`).
 
     onnxruntime runs in processes of its own, each right before or after (alternately) one of
     the TVM libraries' processes, and its round ``r`` pairs with their round ``r``: each
     runtime's thread pool keeps its threads spinning between calls, and in one process the two
     pools took each other's cores (a tuned model read 1.7x slower beside onnxruntime than
     alone on a 2-core machine, onnxruntime about 1.3x)."""
+    if ort_optimization not in ORT_LEVELS:
+        raise ValueError(f"ort_optimization {ort_optimization!r}: expected one of {', '.join(ORT_LEVELS)}")
     use_ort = onnx_file is not None and _has_onnxruntime()
     names = list(libraries) + (["onnxruntime"] if use_ort else [])
     env = {**os.environ, "TVM_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
@@ -157,10 +168,12 @@ def time_in_fresh_processes(
                 **base,
                 "libraries": {},
                 "onnx": str(onnx_file),
+                "ort_optimization": ort_optimization,
                 "first": 0,
                 "profile": None,
             }
-            specs: list[dict[str, Any]] = [tvm_spec] + ([ort_spec] if use_ort else [])
+            # no TVM process where there is no library to time (onnxruntime alone)
+            specs: list[dict[str, Any]] = ([tvm_spec] if libraries else []) + ([ort_spec] if use_ort else [])
             for spec in specs if p % 2 == 0 else reversed(specs):
                 data = _run_child(spec, Path(tmp), f"{p}_{len(spec['libraries'])}", env, timeout_s)
                 for n in [*spec["libraries"], *(["onnxruntime"] if spec["onnx"] else [])]:
@@ -223,13 +236,13 @@ def _has_onnxruntime() -> bool:
     return True
 
 
-def _ort_runner(path: str, feeds: dict[str, np.ndarray], threads: int) -> Any:
+def _ort_runner(path: str, feeds: dict[str, np.ndarray], threads: int, optimization: str = "all") -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_LEVELS[optimization])
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     return lambda: sess.run(None, feeds)[0]
 
@@ -250,7 +263,9 @@ def _child(spec_path: str) -> None:
 
         model = onnx.load(spec["onnx"], load_external_data=False)
         feeds = {v.name: a for v, a in zip(model.graph.input, inputs)}
-        runners["onnxruntime"] = _ort_runner(spec["onnx"], feeds, int(spec["threads"]))
+        runners["onnxruntime"] = _ort_runner(
+            spec["onnx"], feeds, int(spec["threads"]), spec.get("ort_optimization", "all")
+        )
     names = list(runners)
     out: dict[str, np.ndarray] = {}
     for n in names:
