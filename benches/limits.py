@@ -485,6 +485,9 @@ def run_child(
         **os.environ,
         **{v: str(threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
     }
+    # the child imports benches.limits_child from this checkout, whatever the caller's directory
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     times: dict[str, list[float]] = {j["name"]: [] for j in jobs}
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="limits_child_") as tmp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,7 +84,11 @@ def test_the_fma_kernel_is_fma_bound_on_this_cpu():
 
 def test_help():
     out = subprocess.run(
-        [sys.executable, "-m", "benches.limits", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "benches.limits", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
     )
     assert "--suite-dir" in out.stdout and "OPENBLAS_CORETYPE" in out.stdout
 
