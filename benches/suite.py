@@ -9,6 +9,8 @@ from its database and the two kernels are re-timed together, interleaved, with o
 tuning. The re-timing runs in ``--retime-processes`` fresh processes (:mod:`kernel_retime`):
 one process's memory placement alone can move a kernel by 2x, so the figure is the median of
 the per-process ratios. ``--retime`` re-times the runs already in ``--out-dir`` this way.
+Both tuners' kernels run on ``TVM_NUM_THREADS`` threads, every physical core unless the caller
+sets it, while tuning and re-timed; each run records it and the report states it.
 
 Also recorded per run: both tuning curves (best latency against trials and against wall time),
 wall times, fastsearch's time breakdown, MetaSchedule's profiler scopes (its EvoSearch scopes are
@@ -154,6 +156,8 @@ def run_one(
         "seed": seed,
         "trials": trials,
         "target": str(target),
+        # the threads both tuners' kernels ran on, while tuning and re-timed
+        "kernel_threads": os.environ.get("TVM_NUM_THREADS"),
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "fastsearch": {
             "wall_s": fs_wall,
@@ -291,6 +295,12 @@ def _evo_search_s(profile: dict[str, float]) -> float:
     return sum(profile[k] for k in keys if not any(k.startswith(p + "/") for p in keys if p != k))
 
 
+def _threads_of(runs: list[dict[str, Any]]) -> str:
+    """The kernel threads the runs name (runs from before they were recorded: unknown)."""
+    seen = sorted({str(r.get("kernel_threads") or "unknown") for r in runs})
+    return ", ".join(seen)
+
+
 def report(out_dir: Path) -> str:
     runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("run_*.json"))]
     if not runs:
@@ -301,7 +311,8 @@ def report(out_dir: Path) -> str:
         (
             f"Runs: {len(runs)} ({len(workloads)} workloads x seeds {sorted({r['seed'] for r in runs})}); "
             f"target `{runs[0]['target']}`; host {platform.processor() or platform.machine()}, "
-            f"{physical_cores()} physical cores; dates {min(r['date'] for r in runs)} to "
+            f"{physical_cores()} physical cores; kernels of both tuners on "
+            f"{_threads_of(runs)} thread(s) (`TVM_NUM_THREADS`); dates {min(r['date'] for r in runs)} to "
             f"{max(r['date'] for r in runs)}."
         ),
         "",
@@ -498,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         help="turn off fastsearch's re-ranking of proposals by the task's store-feature model",
     )
     args = parser.parse_args(argv)
+    # Both tuners' kernels run on every core, while tuning and re-timed (TVM's runtime alone would
+    # use half the logical CPUs); a TVM_NUM_THREADS set by the caller wins.
+    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.retime:
