@@ -239,9 +239,8 @@ def run_one(
     import fastsearch
     from fastsearch.cli.main import load_workload, workload_flops
 
-    from benches.kernel_retime import retime_in_processes, summarize
-    from benches.runs import best_within, compile_record, mean_us, records_in_order
-    from benches.suite import _curve, _tune_metaschedule
+    from benches.runs import best_within, mean_us, records_in_order
+    from benches.suite import _curve, _retime_pair, _tune_metaschedule
 
     wl = load_workload(workload)
     func = wl.func
@@ -300,10 +299,7 @@ def run_one(
             "metaschedule_tuned_us": mean_us(ms_best) if ms_best else None,
         }
         if fs_best and ms_best:
-            libs = [compile_record(fs_best, target), compile_record(ms_best, target)]
-            entry.update(summarize(retime_in_processes(libs, func, repeat, processes, device="cuda")))
-            entry["retime_processes"] = processes
-            entry["retime_rounds"] = repeat
+            entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes, device="cuda"))
         result["checkpoints"][str(n)] = entry
     if cublas and wl.family == "GMM":
         result["cublas"] = time_cublas(tuple(wl.shape), repeat, processes)
@@ -317,12 +313,10 @@ def _ratio(entry: dict[str, Any]) -> float | None:
 # ----------------------------------------------------------------------------- report
 
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else math.nan
-
-
 def report(out_dir: Path) -> str:
     """``summary.json`` and ``summary.md`` from every run JSON in ``out_dir``; returns the markdown."""
+    from benches.suite import _geomean
+
     runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("run_*.json"))]
     skipped = (
         json.loads((out_dir / "not_run.json").read_text()) if (out_dir / "not_run.json").exists() else []

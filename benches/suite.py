@@ -207,11 +207,13 @@ def _retime_pair(
     target: tvm.target.Target,
     repeat: int,
     processes: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Both bests compiled, then timed together in ``processes`` fresh processes
-    (:mod:`kernel_retime`): medians over processes and the median per-process ratio."""
+    (:mod:`kernel_retime`) on ``device``: medians over processes and the median per-process
+    ratio."""
     libs = [compile_record(fs_best, target), compile_record(ms_best, target)]
-    out = summarize(retime_in_processes(libs, func, repeat, processes))
+    out = summarize(retime_in_processes(libs, func, repeat, processes, device=device))
     out["retime_processes"] = processes
     out["retime_rounds"] = repeat
     return out
