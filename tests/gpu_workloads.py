@@ -8,11 +8,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import tvm
-from fastsearch.ir.tune_context import tune_context
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
+from workloads import FAMILIES, space_context
 
-FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
+__all__ = ["FAMILIES", "TARGETS", "cuda_context", "resampled_design_spaces"]
 
 #: The H100's tag (sm_90: the software-pipelined spaces too) and a smaller GPU (sm_75).
 TARGETS = {
@@ -31,14 +31,7 @@ TARGETS = {
 
 def cuda_context(func: Any, target: tvm.target.Target, design_spaces: bool) -> ms.TuneContext:
     """A TuneContext of ``func`` on ``target``, with TVM's default CUDA design space when asked."""
-    space = None
-    if design_spaces:
-        space = ms.space_generator.PostOrderApply(
-            sch_rules=ms.schedule_rule.ScheduleRule.create("cuda"),
-            postprocs=ms.postproc.Postproc.create("cuda"),
-            mutator_probs={},
-        )
-    return tune_context(func, target, space=space, task_name="x")
+    return space_context(func, target, "cuda", design_spaces)
 
 
 def resampled_design_spaces(

@@ -35,10 +35,10 @@ import tvm
 from fastsearch import _core
 from fastsearch.ir.loop_nest import first_difference, loop_nest_from_tvm, trace_json
 from fastsearch.ir.tir_import import program_json
-from fastsearch.ir.tune_context import tune_context
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
+from workloads import space_context
 
 FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
@@ -79,14 +79,7 @@ def _context(func: Any, design_spaces: bool) -> ms.TuneContext:
     target, an AVX-512 CPU gets the x86 set, whose int8 tensor-intrinsic rule needs every tensor
     intrinsic registered first (a 35 s import on 2 cores). The workloads here are float32, on
     which that rule never applies, so the spaces are the same."""
-    space = None
-    if design_spaces:
-        space = ms.space_generator.PostOrderApply(
-            sch_rules=ms.schedule_rule.ScheduleRule.create("llvm"),
-            postprocs=ms.postproc.Postproc.create("llvm"),
-            mutator_probs={},
-        )
-    return tune_context(func, TARGET, space=space, task_name="x")
+    return space_context(func, TARGET, "llvm", design_spaces)
 
 
 def _postprocessors(ctx: ms.TuneContext) -> list[Any]:

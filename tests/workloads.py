@@ -3,8 +3,12 @@ operators (matmul+relu, softmax, layer norm, pooling, Relax-legalized PrimFuncs)
 
 from __future__ import annotations
 
+from typing import Any
+
 import tvm
+from fastsearch.ir.tune_context import tune_context
 from tvm import te, topi
+from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing import te_workload
 
 FAMILIES = ["C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM", "SFM", "CBR", "TBG"]
@@ -25,6 +29,20 @@ SMALL = {
     "CBR": (te_workload.conv2d_nhwc_bn_relu, (1, 8, 8, 4, 8, 3, 1, 1)),
     "TBG": (te_workload.transpose_batch_matmul, (1, 8, 2, 8)),
 }
+
+
+def space_context(func: Any, target: tvm.target.Target, kind: str, design_spaces: bool) -> ms.TuneContext:
+    """A TuneContext of ``func`` on ``target``, with TVM's default design space for the target
+    kind ``kind`` (``"llvm"``, ``"cuda"``: its schedule rules and postprocessors given
+    explicitly) when asked."""
+    space = None
+    if design_spaces:
+        space = ms.space_generator.PostOrderApply(
+            sch_rules=ms.schedule_rule.ScheduleRule.create(kind),
+            postprocs=ms.postproc.Postproc.create(kind),
+            mutator_probs={},
+        )
+    return tune_context(func, target, space=space, task_name="x")
 
 
 def suite():
