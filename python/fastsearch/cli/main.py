@@ -428,7 +428,7 @@ def _measure_arguments(p: argparse.ArgumentParser) -> None:
     """How candidates are timed, and what is tried in the model's sequence."""
     p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
-    p.add_argument("--min-repeat-ms", type=int, default=40)
+    p.add_argument("--min-repeat-ms", type=int, default=20)
     p.add_argument(
         "--cache-flush",
         action="store_true",

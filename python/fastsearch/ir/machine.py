@@ -18,6 +18,7 @@ otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -110,8 +111,15 @@ def runtime_threads() -> int | None:
     (:func:`fastsearch.ir.threads.kernel_threads_env`).
 
     Not asked here: starting TVM's thread pool pins the calling thread to one CPU, and every
-    builder process started after it would inherit that (builds took twice as long)."""
-    return _runtime_threads(os.environ.get(THREADS_ENV), os.environ.get("OMP_NUM_THREADS"))
+    builder process started after it would inherit that (builds took twice as long).
+    A ``TVM_NUM_THREADS`` between 1 and the CPUs this process may run on (what a run sets) is
+    taken as it is, as TVM's runtime takes it, without the child process (1.7 s at every run's
+    start); TVM caps larger ones, so those are asked."""
+    tvm_threads = os.environ.get(THREADS_ENV)
+    with contextlib.suppress(TypeError, ValueError):
+        if 1 <= int(tvm_threads or "") <= min(len(os.sched_getaffinity(0)), os.cpu_count() or 1):
+            return int(tvm_threads or "")
+    return _runtime_threads(tvm_threads, os.environ.get("OMP_NUM_THREADS"))
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Measurement: build candidates with MetaSchedule's LocalBuilder (parallel worker processes), run
+"""Measurement: build candidates in parallel worker processes kept across batches
+(:class:`~fastsearch.measure.builder.BuildPool`), run
 them with its LocalRunner (``time_evaluator`` with repeats) or, through an RPC tracker, on remote
 devices with its RPCRunner, and check outputs against a reference.
 
@@ -17,6 +18,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +28,6 @@ import numpy as np
 import tvm
 from tvm.ir import IRModule
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.builder import BuilderInput, LocalBuilder
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RPCConfig, RunnerInput
 from tvm.s_tir.meta_schedule.runner import RPCRunner as _MSRPCRunner
 
@@ -34,6 +35,7 @@ from fastsearch.errors import RemoteError
 from fastsearch.ir.machine import l2_cache_bytes
 from fastsearch.ir.target import device_type, physical_cores
 from fastsearch.ir.threads import kernel_threads_env
+from fastsearch.measure.builder import BuildPool, warm_up
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -98,7 +100,9 @@ class MeasureConfig:
     """How candidates are built and timed.
 
     Each candidate runs ``repeat`` timed repeats (after one warm-up run); each repeat calls the
-    kernel ``number`` times, raised until the repeat lasts at least ``min_repeat_ms``.
+    kernel ``number`` times, raised until the repeat lasts at least ``min_repeat_ms`` (20 ms: a
+    run's time moves from one call of the runner to the next by far more than 20 ms of repeats
+    leave, and 40 ms cost 85 ms more per call for no steadier a figure).
     ``enable_cpu_cache_flush`` flushes the CPU caches before each repeat (then keep ``number=1``
     for cold-cache timings). ``build_workers=None`` uses one build process per physical core.
     ``build_func`` replaces the builder's build function (MetaSchedule's ``default_build``
@@ -133,7 +137,7 @@ class MeasureConfig:
 
     number: int = 1
     repeat: int = 3
-    min_repeat_ms: int = 40
+    min_repeat_ms: int = 20
     enable_cpu_cache_flush: bool = False
     build_workers: int | None = None
     build_timeout_s: float = 60.0
@@ -307,8 +311,8 @@ def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None 
     """Build function of the builder workers: MetaSchedule's ``default_build`` without its import
     of ``tvm.s_tir.tensor_intrin``.
 
-    That import registers every tensor intrinsic (tens of seconds per fresh worker process, and
-    LocalBuilder starts fresh workers for every batch); intrinsics are needed where a trace is
+    That import registers every tensor intrinsic (tens of seconds per fresh worker process);
+    intrinsics are needed where a trace is
     applied (``tensorize``), never to build the scheduled module.
     """
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
@@ -396,7 +400,7 @@ def built_args_info(mod: IRModule) -> list | None:
 
 
 def _remove_artifact(path: str | None) -> None:
-    """Delete a build artifact and the temporary directory LocalBuilder made for it."""
+    """Delete a build artifact and the temporary directory its export made for it."""
     if not path:
         return
     parent = os.path.dirname(path)
@@ -410,8 +414,9 @@ def _remove_artifact(path: str | None) -> None:
 
 
 class Measurer:
-    """Builds and times candidates for one target through MetaSchedule's local builder and its local
-    runner, or its RPC runner when ``runner`` is an :class:`RPCRunner`.
+    """Builds and times candidates for one target: built in a :class:`BuildPool` (worker
+    processes kept for the Measurer's life), timed by MetaSchedule's local runner, or its RPC
+    runner when ``runner`` is an :class:`RPCRunner`.
 
     Its worker processes run a local CPU target's kernels on the target's ``num-cores`` threads
     (``TVM_NUM_THREADS``, set until :meth:`close` unless the user set it: ``kernel_threads``
@@ -453,17 +458,27 @@ class Measurer:
             self.run_workers = 1
         else:
             self.runner, self.run_workers = runner.make(self.config)
-        self.builder = LocalBuilder(
-            max_workers=workers,
-            timeout_sec=self.config.build_timeout_s,
+        warm = ["tvm.s_tir.meta_schedule.builder.local_builder", __name__]
+        if callable(f_build) and getattr(f_build, "__module__", None):
+            warm.append(f_build.__module__)
+        # Started now: the workers import TVM while the tuner searches for the first batch.
+        self.builder = BuildPool(
+            workers,
+            self.config.build_timeout_s,
             f_build=f_build,
             f_export=export_module,
+            warm_modules=list(dict.fromkeys(warm)),
         )
         self._cold_runner: LocalRunner | None = None  # made on first use (cold weights)
         self.device_type = device_type(target)
         self.build_seconds = 0.0
         self.run_seconds = 0.0
-        self._isolated: Any = None  # PopenWorker of run_isolated, started on first use
+        self._isolated: Any = None  # PopenWorker of run_isolated and side_by_side
+        self._isolated_warming: threading.Thread | None = None
+        if runner is None:
+            # Started (importing TVM) now, beside the builders, rather than at the first check.
+            self._isolated_warming = threading.Thread(target=self._warm_isolated, daemon=True)
+            self._isolated_warming.start()
 
     def __enter__(self) -> Self:
         return self
@@ -473,16 +488,46 @@ class Measurer:
 
     def close(self) -> None:
         """Stop the runner's worker processes."""
+        self.builder.shutdown()
         for runner in (self.runner, self._cold_runner):
             pool = getattr(runner, "pool", None)
             if pool is not None:
                 with contextlib.suppress(Exception):  # the worker is already gone
                     pool.shutdown()
+        if self._isolated_warming is not None:
+            self._isolated_warming.join()
+            self._isolated_warming = None
         if self._isolated is not None:
             with contextlib.suppress(Exception):
                 self._isolated.kill()
             self._isolated = None
         self._threads.close()
+
+    def _warm_isolated(self) -> None:
+        from tvm.support.popen_pool import PopenWorker
+
+        worker = PopenWorker()
+        with contextlib.suppress(Exception):  # a failed warm-up only means a cold first check
+            worker.send(warm_up, (["fastsearch.measure.measurer"],), timeout=300)
+            worker.recv()
+        self._isolated = worker
+
+    def _isolated_worker(self) -> Any:
+        """The isolated worker process (started on first use unless warming up already)."""
+        from tvm.support.popen_pool import PopenWorker
+
+        self.wait_for_workers()
+        if self._isolated is None:
+            self._isolated = PopenWorker()
+        return self._isolated
+
+    def wait_for_workers(self) -> None:
+        """Wait until the worker processes started with the Measurer have started: kernels are
+        timed on an otherwise idle machine."""
+        if self._isolated_warming is not None:
+            self._isolated_warming.join()
+            self._isolated_warming = None
+        self.builder.wait_warm()
 
     def run_isolated(
         self, artifact_path: str, arrays: Sequence[np.ndarray], entry: str = "main"
@@ -493,16 +538,12 @@ class Measurer:
         A candidate that passed the runner can still crash or hang on other inputs; here that
         kills only the worker (restarted on the next call): :class:`CandidateFault` says which.
         """
-        from tvm.support.popen_pool import PopenWorker
 
-        if self._isolated is None:
-            self._isolated = PopenWorker()
+        worker = self._isolated_worker()
         timeout = self.config.run_timeout_s
-        self._isolated.send(
-            _run_artifact, (artifact_path, list(arrays), entry, self.device_type), timeout=timeout
-        )
+        worker.send(_run_artifact, (artifact_path, list(arrays), entry, self.device_type), timeout=timeout)
         try:
-            return list(self._isolated.recv())
+            return list(worker.recv())
         except TimeoutError:
             raise CandidateFault("run timeout", f"killed after {timeout} seconds") from None
         except ChildProcessError:
@@ -514,10 +555,10 @@ class Measurer:
         build's error, per module."""
         t0 = time.perf_counter()
         try:
-            built = self.builder.build([BuilderInput(mod, self.target) for mod in mods])
+            built = self.builder.build(mods, self.target)
         except Exception as exc:  # noqa: BLE001  (the pool failed: the whole batch failed; search goes on)
             built = None
-            build_error = f"LocalBuilder failed: {exc}"
+            build_error = f"BuildPool failed: {exc}"
         self.build_seconds += time.perf_counter() - t0
 
         results: list[MeasureResult] = []
@@ -559,14 +600,12 @@ class Measurer:
         the next here; side by side, what is left is mostly their difference.
         Raises :class:`CandidateFault` if the worker crashes or hangs.
         """
-        from tvm.support.popen_pool import PopenWorker
 
-        if self._isolated is None:
-            self._isolated = PopenWorker()
+        worker = self._isolated_worker()
         timeout = self.config.run_timeout_s * len(artifact_paths) * (rounds + 1)  # warm-up + rounds
         how = self.config.evaluator_config(cold)  # flushed calls as the runner times them
         t0 = time.perf_counter()
-        self._isolated.send(
+        worker.send(
             _time_side_by_side,
             (
                 list(artifact_paths),
@@ -580,7 +619,7 @@ class Measurer:
             timeout=timeout,
         )
         try:
-            return [list(row) for row in self._isolated.recv()]
+            return [list(row) for row in worker.recv()]
         except TimeoutError:
             raise CandidateFault("run timeout", f"killed after {timeout:.0f} seconds") from None
         except ChildProcessError:
@@ -614,6 +653,7 @@ class Measurer:
             return []
         results = self.build(mods)
         to_run = [i for i, res in enumerate(results) if res.artifact_path is not None]
+        self.wait_for_workers()
 
         t0 = time.perf_counter()
         info = list(args_info)

@@ -1,0 +1,105 @@
+"""The build pool: worker processes kept across batches, replaced after ``max_uses`` builds or a
+failure, and builds that fail the way MetaSchedule's builder reports them."""
+
+from __future__ import annotations
+
+import os
+
+import cloudpickle
+import faults
+import pytest
+import tvm
+from fastsearch.ir.target import resolve_target
+from fastsearch.measure.builder import BuildPool
+from fastsearch.measure.measurer import MeasureConfig, Measurer, _failure_kind, build_module, export_module
+from tvm.s_tir import Schedule
+from tvm.script import tirx as T
+
+cloudpickle.register_pickle_by_value(faults)
+
+
+@T.prim_func(s_tir=True)
+def _add_one(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+    for i in range(64):
+        with T.sblock("b"):
+            vi = T.axis.spatial(64, i)
+            b[vi] = a[vi] + T.float32(1)
+
+
+def _export_with_pid(mod: tvm.runtime.Module) -> str:
+    """Export, and say which process built it: ``<artifact>|<pid>``."""
+    return f"{export_module(mod)}|{os.getpid()}"
+
+
+def _with_fault(mod: tvm.IRModule, kind: str) -> tvm.IRModule:
+    sch = Schedule(mod)
+    sch.annotate(sch.get_sblock("b"), faults.FAULT, kind)
+    return sch.mod
+
+
+def _mods(n: int) -> list[tvm.IRModule]:
+    return [tvm.IRModule({"main": _add_one}) for _ in range(n)]
+
+
+def _pids(pool: BuildPool, n: int) -> set[int]:
+    out = pool.build(_mods(n), resolve_target())
+    assert all(o.error_msg is None and o.artifact_path for o in out), [o.error_msg for o in out]
+    for o in out:
+        Measurer.release([_Result(o.artifact_path.split("|")[0])])
+    return {int(o.artifact_path.split("|")[1]) for o in out}
+
+
+class _Result:
+    def __init__(self, path: str) -> None:
+        self.artifact_path: str | None = path
+
+
+def test_workers_outlive_a_batch_until_max_uses():
+    with BuildPool(1, 60.0, f_build=build_module, f_export=_export_with_pid, max_uses=3) as pool:
+        (first,) = _pids(pool, 2)
+        assert first != os.getpid()
+        # The same process builds the next batch: no process starts between them.
+        assert _pids(pool, 1) == {first}
+        # A worker that built max_uses candidates is replaced between batches.
+        (later,) = _pids(pool, 2)
+        assert later != first
+        assert pool.started == 2
+    with BuildPool(2, 60.0, f_build=build_module, f_export=_export_with_pid) as pool:
+        assert len(_pids(pool, 6) | _pids(pool, 6)) <= 2
+
+
+def test_a_failed_build_says_how_and_the_pool_goes_on():
+    mods = _mods(3)
+    mods[1] = _with_fault(mods[1], "build crash")
+    with BuildPool(2, 60.0, f_build=faults.faulty_build, f_export=export_module) as pool:
+        out = pool.build(mods, resolve_target())
+        assert [o.error_msg is None for o in out] == [True, False, True]
+        assert _failure_kind("build", out[1].error_msg or "") == "build crash"
+        again = pool.build(_mods(2), resolve_target())
+        assert all(o.error_msg is None for o in again)
+        Measurer.release([_Result(o.artifact_path) for o in out + again if o.artifact_path])
+
+
+def test_a_hung_build_times_out():
+    mods = [_with_fault(_mods(1)[0], "build hang")]
+    with BuildPool(1, 3.0, f_build=faults.faulty_build, f_export=export_module) as pool:
+        (out,) = pool.build(mods, resolve_target())
+        assert _failure_kind("build", out.error_msg or "") == "build timeout"
+        (ok,) = pool.build(_mods(1), resolve_target())
+        assert ok.error_msg is None
+        Measurer.release([_Result(ok.artifact_path or "")])
+
+
+def test_a_measurer_builds_and_times_in_its_kept_workers():
+    with Measurer(resolve_target(), MeasureConfig(repeat=1, min_repeat_ms=1, build_workers=2)) as m:
+        info = list(tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(_add_one))
+        for _ in range(2):
+            (res,) = m.measure(_mods(1), info)
+            assert res.ok and res.run_secs, res.error
+            Measurer.release([res])
+        assert m.builder.started == 2  # both batches on the workers started with the measurer
+
+
+def test_a_pool_needs_a_worker():
+    with pytest.raises(ValueError, match="at least one worker"):
+        BuildPool(0, 10.0)
