@@ -365,13 +365,32 @@ class _PassSeconds:
 
 
 def export_module(mod: tvm.runtime.Module) -> str:
-    """Export function of the builder workers: MetaSchedule's default export, timed, with the
-    stage seconds of the build (TVM's passes, code generation, export) written beside the
-    artifact (:data:`BUILD_STAGES_SUFFIX`)."""
+    """Export function of the builder workers: MetaSchedule's default export (a tar of object
+    files, linked where it is loaded: what an RPC device needs), timed, with the stage seconds
+    of the build (TVM's passes, code generation, export) written beside the artifact
+    (:data:`BUILD_STAGES_SUFFIX`)."""
     from tvm.s_tir.meta_schedule.builder.local_builder import default_export
 
+    return _timed_export(mod, default_export)
+
+
+def export_shared_module(mod: tvm.runtime.Module) -> str:
+    """:func:`export_module` for candidates run on this machine: linked into a shared library
+    in the builder. The runner's one process loads it at once, where it linked a tar at every
+    load (about 20 ms a load, a candidate's first run and each confirming run), while the
+    builders link in parallel."""
+    return _timed_export(mod, _export_shared)
+
+
+def _export_shared(mod: tvm.runtime.Module) -> str:
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path)
+    return path
+
+
+def _timed_export(mod: tvm.runtime.Module, export: Callable[[tvm.runtime.Module], str]) -> str:
     t0 = time.perf_counter()
-    path = default_export(mod)
+    path = export(mod)
     stages = dict(_last_build, export=time.perf_counter() - t0)
     _last_build.clear()
     with open(path + BUILD_STAGES_SUFFIX, "w", encoding="utf-8") as f:
@@ -448,37 +467,45 @@ class Measurer:
         if self.config.build_func is not None:
             f_build = self.config.build_func
         self.remote = runner
-        self.runner: LocalRunner | _MSRPCRunner
-        if runner is None:
-            self.runner = LocalRunner(
-                timeout_sec=self.config.run_timeout_s,
-                evaluator_config=self.config.evaluator_config(),
-                cooldown_sec=self.config.cooldown_s,
-            )
-            self.run_workers = 1
-        else:
-            self.runner, self.run_workers = runner.make(self.config)
+        self.device_type = device_type(target)
         warm = ["tvm.s_tir.meta_schedule.builder.local_builder", __name__]
         if callable(f_build) and getattr(f_build, "__module__", None):
             warm.append(f_build.__module__)
-        # Started now: the workers import TVM while the tuner searches for the first batch.
+        # Started first: the workers import TVM while the runner starts and the tuner searches
+        # for the first batch.
         self.builder = BuildPool(
             workers,
             self.config.build_timeout_s,
             f_build=f_build,
-            f_export=export_module,
+            # Local CPU candidates are linked by the builders; remote and GPU ones as MetaSchedule
+            # ships them (a tar, linked where it runs).
+            f_export=export_shared_module if runner is None and self.device_type == "cpu" else export_module,
             warm_modules=list(dict.fromkeys(warm)),
         )
-        self._cold_runner: LocalRunner | None = None  # made on first use (cold weights)
-        self.device_type = device_type(target)
-        self.build_seconds = 0.0
-        self.run_seconds = 0.0
         self._isolated: Any = None  # PopenWorker of run_isolated and side_by_side
         self._isolated_warming: threading.Thread | None = None
         if runner is None:
             # Started (importing TVM) now, beside the builders, rather than at the first check.
             self._isolated_warming = threading.Thread(target=self._warm_isolated, daemon=True)
             self._isolated_warming.start()
+        self.runner: LocalRunner | _MSRPCRunner
+        self._cold_runner: LocalRunner | None = None  # made on first use (cold weights)
+        try:
+            if runner is None:
+                self.runner = LocalRunner(
+                    timeout_sec=self.config.run_timeout_s,
+                    evaluator_config=self.config.evaluator_config(),
+                    cooldown_sec=self.config.cooldown_s,
+                )
+                self.run_workers = 1
+            else:
+                self.runner, self.run_workers = runner.make(self.config)
+        except BaseException:
+            self.runner = None  # type: ignore[assignment]
+            self.close()
+            raise
+        self.build_seconds = 0.0
+        self.run_seconds = 0.0
 
     def __enter__(self) -> Self:
         return self
@@ -487,7 +514,8 @@ class Measurer:
         self.close()
 
     def close(self) -> None:
-        """Stop the runner's worker processes."""
+        """Stop the worker processes (builders, runner, checking) and restore
+        ``TVM_NUM_THREADS``."""
         self.builder.shutdown()
         for runner in (self.runner, self._cold_runner):
             pool = getattr(runner, "pool", None)
