@@ -4,6 +4,7 @@ failure, and builds that fail the way MetaSchedule's builder reports them."""
 from __future__ import annotations
 
 import os
+import time
 
 import cloudpickle
 import faults
@@ -11,7 +12,14 @@ import pytest
 import tvm
 from fastsearch.ir.target import resolve_target
 from fastsearch.measure.builder import BuildPool
-from fastsearch.measure.measurer import MeasureConfig, Measurer, _failure_kind, build_module, export_module
+from fastsearch.measure.measurer import (
+    BUILD_TIMEOUT_AFTER,
+    MeasureConfig,
+    Measurer,
+    _failure_kind,
+    build_module,
+    export_module,
+)
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
@@ -85,6 +93,12 @@ def test_a_hung_build_times_out():
     with BuildPool(1, 3.0, f_build=faults.faulty_build, f_export=export_module) as pool:
         (out,) = pool.build(mods, resolve_target())
         assert _failure_kind("build", out.error_msg or "") == "build timeout"
+        # A batch's own limit replaces the pool's.
+        t0 = time.perf_counter()
+        (out,) = pool.build(mods, resolve_target(), timeout_s=1.0)
+        assert _failure_kind("build", out.error_msg or "") == "build timeout"
+        assert "after 1.0 seconds" in (out.error_msg or "")
+        assert time.perf_counter() - t0 < 2.9
         (ok,) = pool.build(_mods(1), resolve_target())
         assert ok.error_msg is None
         Measurer.release([_Result(ok.artifact_path or "")])
@@ -103,3 +117,12 @@ def test_a_measurer_builds_and_times_in_its_kept_workers():
 def test_a_pool_needs_a_worker():
     with pytest.raises(ValueError, match="at least one worker"):
         BuildPool(0, 10.0)
+
+
+def test_a_task_build_timeout_follows_its_median_build():
+    config = MeasureConfig(build_timeout_s=60.0)
+    assert config.build_timeout_for([0.1] * (BUILD_TIMEOUT_AFTER - 1)) == 60.0  # too few builds yet
+    assert config.build_timeout_for([0.1] * BUILD_TIMEOUT_AFTER) == 10.0  # the floor
+    assert config.build_timeout_for([0.1] * 7 + [30.0] * 2) == 10.0  # a median, not a mean
+    assert config.build_timeout_for([1.0] * BUILD_TIMEOUT_AFTER) == 40.0
+    assert config.build_timeout_for([5.0] * BUILD_TIMEOUT_AFTER) == 60.0  # never above build_timeout_s

@@ -161,10 +161,10 @@ class BuildPool:
         self.started += 1
         self._idle.put(worker)
 
-    def _build_one(self, mod: IRModule, target: Any) -> BuildOutcome:
+    def _build_one(self, mod: IRModule, target: Any, timeout_s: float) -> BuildOutcome:
         worker = self._idle.get()
         try:
-            return worker.build(self.f_build, self.f_export, mod, target, self.timeout_s)
+            return worker.build(self.f_build, self.f_export, mod, target, timeout_s)
         finally:
             self._idle.put(worker)
 
@@ -174,8 +174,12 @@ class BuildPool:
             warming.result()
         self._warming = []
 
-    def build(self, mods: Sequence[IRModule], target: Any) -> list[BuildOutcome]:
-        """Build and export every module (in parallel, results in order)."""
+    def build(
+        self, mods: Sequence[IRModule], target: Any, timeout_s: float | None = None
+    ) -> list[BuildOutcome]:
+        """Build and export every module (in parallel, results in order), each within
+        ``timeout_s`` (default: the pool's)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         self.wait_warm()
         # Between batches, replace the workers that built max_uses candidates (their memory
         # grows with use) and every worker a failure left cold, warming all of them together.
@@ -188,7 +192,7 @@ class BuildPool:
             self._workers = [w for w in self._workers if w not in stale] + fresh
             for f in [self._threads.submit(self._start, w) for w in fresh]:
                 f.result()
-        futures = [self._threads.submit(self._build_one, mod, target) for mod in mods]
+        futures = [self._threads.submit(self._build_one, mod, target, timeout) for mod in mods]
         return [f.result() for f in futures]
 
     def _take(self, worker: _Worker) -> None:

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class _Task:
     pristine: IRModule | None = None  # an untouched copy for the reference output
     reference: list[np.ndarray] | None = None
     inputs: list[np.ndarray] | None = None
+    build_secs: list[float] = field(default_factory=list)  # this run's builds, for the timeout
 
 
 _MakeSampler = Callable[["_Task", TuningDatabase, tvm.target.Target], Sampler]
@@ -723,7 +724,13 @@ def _run_batch(
     results = [
         MeasureResult(error=c.error, failure=None if c.error is None else "apply error") for c in batch
     ]
-    measured = measurer.measure([batch[i].sch.mod for i in runnable], task.args_info, cold=task.result.cold)  # type: ignore[union-attr]
+    measured = measurer.measure(
+        [batch[i].sch.mod for i in runnable],  # type: ignore[union-attr]
+        task.args_info,
+        cold=task.result.cold,
+        build_timeout_s=measurer.config.build_timeout_for(task.build_secs),
+    )
+    task.build_secs.extend(r.build_s for r in measured if r.build_s is not None)
     for i, res in zip(runnable, measured):
         results[i] = res
 
