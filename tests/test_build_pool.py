@@ -99,6 +99,19 @@ def test_a_hung_build_times_out():
         assert _failure_kind("build", out.error_msg or "") == "build timeout"
         assert "after 1.0 seconds" in (out.error_msg or "")
         assert time.perf_counter() - t0 < 2.9
+        # A limit that follows the builds finished before: the hang, started after two quick
+        # builds, is stopped at the limit they set.
+        seen: list[list[float]] = []
+
+        def limit(done: list[float]) -> float:
+            seen.append(list(done))
+            return 1.0 if len(done) >= 2 else 60.0
+
+        out = pool.build(_mods(2) + mods, resolve_target(), timeout_s=limit)
+        assert [o.error_msg is None for o in out] == [True, True, False]
+        assert _failure_kind("build", out[2].error_msg or "") == "build timeout"
+        assert [len(d) for d in seen] == [0, 1, 2]
+        Measurer.release([_Result(o.artifact_path or "") for o in out[:2]])
         (ok,) = pool.build(_mods(1), resolve_target())
         assert ok.error_msg is None
         Measurer.release([_Result(ok.artifact_path or "")])

@@ -17,6 +17,7 @@ a worker that died or hung is replaced on its next build.
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -161,10 +162,18 @@ class BuildPool:
         self.started += 1
         self._idle.put(worker)
 
-    def _build_one(self, mod: IRModule, target: Any, timeout_s: float) -> BuildOutcome:
+    def _build_one(
+        self, mod: IRModule, target: Any, timeout: float | Callable[[list[float]], float], done: list[float]
+    ) -> BuildOutcome:
         worker = self._idle.get()
         try:
-            return worker.build(self.f_build, self.f_export, mod, target, timeout_s)
+            # A callable limit sees the seconds of this batch's builds finished so far.
+            limit = timeout(list(done)) if callable(timeout) else timeout
+            t0 = time.perf_counter()
+            outcome = worker.build(self.f_build, self.f_export, mod, target, limit)
+            if outcome.error_msg is None:
+                done.append(time.perf_counter() - t0)
+            return outcome
         finally:
             self._idle.put(worker)
 
@@ -175,11 +184,16 @@ class BuildPool:
         self._warming = []
 
     def build(
-        self, mods: Sequence[IRModule], target: Any, timeout_s: float | None = None
+        self,
+        mods: Sequence[IRModule],
+        target: Any,
+        timeout_s: float | Callable[[list[float]], float] | None = None,
     ) -> list[BuildOutcome]:
         """Build and export every module (in parallel, results in order), each within
-        ``timeout_s`` (default: the pool's)."""
+        ``timeout_s`` (default: the pool's), or within ``timeout_s(seconds)`` where it is
+        callable: ``seconds`` are those of the batch's builds finished when the build starts."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        done: list[float] = []
         self.wait_warm()
         # Between batches, replace the workers that built max_uses candidates (their memory
         # grows with use) and every worker a failure left cold, warming all of them together.
@@ -192,7 +206,7 @@ class BuildPool:
             self._workers = [w for w in self._workers if w not in stale] + fresh
             for f in [self._threads.submit(self._start, w) for w in fresh]:
                 f.result()
-        futures = [self._threads.submit(self._build_one, mod, target, timeout) for mod in mods]
+        futures = [self._threads.submit(self._build_one, mod, target, timeout, done) for mod in mods]
         return [f.result() for f in futures]
 
     def _take(self, worker: _Worker) -> None:

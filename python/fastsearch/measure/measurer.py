@@ -123,8 +123,8 @@ class MeasureConfig:
     rounds; a challenger that beats the best in the mean of its per-round ratios (and computes
     the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
 
-    ``build_timeout_s`` bounds every build. Once a task has :data:`BUILD_TIMEOUT_AFTER` builds,
-    a build that takes ``build_timeout_medians`` times their median (at least
+    ``build_timeout_s`` bounds every build. Once a task has :data:`BUILD_TIMEOUT_AFTER` builds
+    (its first batch's finished builds count), a build that takes ``build_timeout_medians`` times their median (at least
     ``build_timeout_floor_s``) is stopped and counted as a build timeout
     (:meth:`build_timeout_for`): one TBG:0 candidate, unrolled 512 deep, built in 32 s where its
     task's median was 0.14 s, and the batch waited for it; such candidates ran no faster.
@@ -597,14 +597,21 @@ class Measurer:
         except ChildProcessError:
             raise CandidateFault("run crash", "the worker process running it died") from None
 
-    def build(self, mods: Sequence[IRModule], timeout_s: float | None = None) -> list[MeasureResult]:
+    def build(
+        self, mods: Sequence[IRModule], build_secs: Sequence[float] | None = None
+    ) -> list[MeasureResult]:
         """Build all ``mods`` in parallel: a result with ``artifact_path`` (until :meth:`release`)
         and the built function's ``args_info`` when a weight layout rewrite changed it, or the
-        build's error, per module. ``timeout_s``: each build's limit (default
-        ``MeasureConfig.build_timeout_s``)."""
+        build's error, per module. ``build_secs``: the seconds of the task's earlier builds; each
+        build's limit is :meth:`MeasureConfig.build_timeout_for` of them and of the batch's
+        builds finished before it starts (``None``: ``MeasureConfig.build_timeout_s``)."""
         t0 = time.perf_counter()
+        timeout: float | Callable[[list[float]], float] = self.config.build_timeout_s
+        if build_secs is not None:
+            earlier = list(build_secs)
+            timeout = lambda done: self.config.build_timeout_for(earlier + done)
         try:
-            built = self.builder.build(mods, self.target, timeout_s)
+            built = self.builder.build(mods, self.target, timeout)
         except Exception as exc:  # noqa: BLE001  (the pool failed: the whole batch failed; search goes on)
             built = None
             build_error = f"BuildPool failed: {exc}"
@@ -693,19 +700,19 @@ class Measurer:
         mods: Sequence[IRModule],
         args_info: Sequence[ms.arg_info.ArgInfo],
         cold: bool = False,
-        build_timeout_s: float | None = None,
+        build_secs: Sequence[float] | None = None,
     ) -> list[MeasureResult]:
         """Build all ``mods`` in parallel, then time each one that built.
 
         ``args_info`` describes the arguments of the ``main`` function (the same for every
         candidate of a workload). Artifacts stay on disk (``artifact_path``) until :meth:`release`.
         ``cold``: timed with cold weights (``MeasureConfig.cold_weights``; local runs only).
-        ``build_timeout_s``: each build's limit (:meth:`MeasureConfig.build_timeout_for`).
+        ``build_secs``: the task's earlier build seconds, for the build timeout (:meth:`build`).
         """
         runner = self._runner_for(cold)
         if not mods:
             return []
-        results = self.build(mods, build_timeout_s)
+        results = self.build(mods, build_secs)
         to_run = [i for i, res in enumerate(results) if res.artifact_path is not None]
         self.wait_for_workers()
 

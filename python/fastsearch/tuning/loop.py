@@ -728,7 +728,7 @@ def _run_batch(
         [batch[i].sch.mod for i in runnable],  # type: ignore[union-attr]
         task.args_info,
         cold=task.result.cold,
-        build_timeout_s=measurer.config.build_timeout_for(task.build_secs),
+        build_secs=task.build_secs,
     )
     task.build_secs.extend(r.build_s for r in measured if r.build_s is not None)
     for i, res in zip(runnable, measured):
