@@ -17,6 +17,7 @@ from fastsearch.measure.measurer import (
     MeasureConfig,
     Measurer,
     _failure_kind,
+    _remove_artifact,
     build_module,
     export_module,
 )
@@ -53,13 +54,8 @@ def _pids(pool: BuildPool, n: int) -> set[int]:
     out = pool.build(_mods(n), resolve_target())
     assert all(o.error_msg is None and o.artifact_path for o in out), [o.error_msg for o in out]
     for o in out:
-        Measurer.release([_Result(o.artifact_path.split("|")[0])])
+        _remove_artifact(o.artifact_path.split("|")[0])
     return {int(o.artifact_path.split("|")[1]) for o in out}
-
-
-class _Result:
-    def __init__(self, path: str) -> None:
-        self.artifact_path: str | None = path
 
 
 def test_workers_outlive_a_batch_until_max_uses():
@@ -85,7 +81,8 @@ def test_a_failed_build_says_how_and_the_pool_goes_on():
         assert _failure_kind("build", out[1].error_msg or "") == "build crash"
         again = pool.build(_mods(2), resolve_target())
         assert all(o.error_msg is None for o in again)
-        Measurer.release([_Result(o.artifact_path) for o in out + again if o.artifact_path])
+        for o in out + again:
+            _remove_artifact(o.artifact_path)
 
 
 def test_a_hung_build_times_out():
@@ -111,10 +108,11 @@ def test_a_hung_build_times_out():
         assert [o.error_msg is None for o in out] == [True, True, False]
         assert _failure_kind("build", out[2].error_msg or "") == "build timeout"
         assert [len(d) for d in seen] == [0, 1, 2]
-        Measurer.release([_Result(o.artifact_path or "") for o in out[:2]])
+        for o in out[:2]:
+            _remove_artifact(o.artifact_path)
         (ok,) = pool.build(_mods(1), resolve_target())
         assert ok.error_msg is None
-        Measurer.release([_Result(ok.artifact_path or "")])
+        _remove_artifact(ok.artifact_path)
 
 
 def test_a_measurer_builds_and_times_in_its_kept_workers():

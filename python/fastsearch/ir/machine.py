@@ -18,7 +18,6 @@ otherwise).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import subprocess
@@ -116,9 +115,12 @@ def runtime_threads() -> int | None:
     taken as it is, as TVM's runtime takes it, without the child process (1.7 s at every run's
     start); TVM caps larger ones, so those are asked."""
     tvm_threads = os.environ.get(THREADS_ENV)
-    with contextlib.suppress(TypeError, ValueError):
-        if 1 <= int(tvm_threads or "") <= min(len(os.sched_getaffinity(0)), os.cpu_count() or 1):
-            return int(tvm_threads or "")
+    try:
+        threads = int(tvm_threads or "")
+    except ValueError:
+        threads = 0
+    if 1 <= threads <= min(len(os.sched_getaffinity(0)), os.cpu_count() or 1):
+        return threads
     return _runtime_threads(tvm_threads, os.environ.get("OMP_NUM_THREADS"))
 
 

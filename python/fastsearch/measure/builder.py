@@ -29,7 +29,7 @@ from tvm.support.popen_pool import PopenWorker
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["BuildOutcome", "BuildPool", "warm_up"]
+__all__ = ["BuildOutcome", "BuildPool", "warm_up", "warm_worker"]
 
 #: Builds a worker does before it is replaced (between batches).
 DEFAULT_MAX_USES = 128
@@ -56,6 +56,18 @@ def warm_up(modules: Sequence[str]) -> int:
     for name in modules:
         importlib.import_module(name)
     return os.getpid()
+
+
+def warm_worker(process: PopenWorker, modules: Sequence[str]) -> bool:
+    """Start ``process`` and have it import ``modules`` (blocks); False if that failed, which
+    only means a cold first task: the process is stopped and starts again on its next one."""
+    try:
+        process.send(warm_up, (list(modules),), timeout=WARM_UP_TIMEOUT_S)
+        process.recv()
+        return True
+    except Exception:  # noqa: BLE001  (any failure leaves a cold worker, never a broken run)
+        process.kill()
+        return False
 
 
 def _resolve(func: Callable | str | None, default: str) -> Callable:
@@ -87,12 +99,7 @@ class _Worker:
 
     def start(self) -> None:
         """Start the process and import what builds need (blocks; run on the pool's threads)."""
-        try:
-            self.process.send(warm_up, (self.warm_modules,), timeout=WARM_UP_TIMEOUT_S)
-            self.process.recv()
-            self.warm = True
-        except Exception:  # noqa: BLE001  (a failed warm-up only means a cold first build)
-            self.process.kill()
+        self.warm = warm_worker(self.process, self.warm_modules)
 
     def build(
         self, f_build: Any, f_export: Any, mod: IRModule, target: Any, timeout_s: float

@@ -35,7 +35,7 @@ from fastsearch.errors import RemoteError
 from fastsearch.ir.machine import l2_cache_bytes
 from fastsearch.ir.target import device_type, physical_cores
 from fastsearch.ir.threads import kernel_threads_env
-from fastsearch.measure.builder import BuildPool, warm_up
+from fastsearch.measure.builder import BuildPool, warm_worker
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -555,9 +555,7 @@ class Measurer:
         from tvm.support.popen_pool import PopenWorker
 
         worker = PopenWorker()
-        with contextlib.suppress(Exception):  # a failed warm-up only means a cold first check
-            worker.send(warm_up, (["fastsearch.measure.measurer"],), timeout=300)
-            worker.recv()
+        warm_worker(worker, ["fastsearch.measure.measurer"])
         self._isolated = worker
 
     def _isolated_worker(self) -> Any:
