@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The far side of the GPU kit (benches/gpu_kit/README.md). Two device calls, the second made at
-# once after the first, while the machine is still warm (it keeps /tmp for about 30 s):
+# once after the first, while the machine is still warm (it keeps its files for about 30 s):
 #
 #   call 1, carry .gpukit/part1:  bash .gpukit/part1/run_on_h200.sh part1
 #       what the suite relies on, without TVM (GPU, Python packages, libcudart, nvcc, g++), and
@@ -13,14 +13,16 @@
 #
 # Other modes: `check` (call 2 without the suite), `smoke` (a 4-trial CPU tune, no GPU needed:
 # for checking the kit off the device). Environment: PYTHON (default python3), FASTSEARCH_KIT_DEST
-# (default /tmp/fastsearch_kit, the machine's local disk), OUT (what comes back; default
+# (default tmp/fastsearch_kit in the checkout, two folders above this script, a folder git ignores;
+# the device keeps ignored files between calls), OUT (what comes back; default
 # $FASTSEARCH_KIT_DEST/out), GPU_SUITE_ARGS, GPU_SUITE_BUDGET_S (default 360),
 # TVM_CUDA_COMPILE_MODE (nvrtc, TVM's default, or nvcc; when unset and the check fails with
 # nvrtc, it is tried again with nvcc).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CHECKOUT="$(cd "$HERE/../.." && pwd)"  # the script runs from .gpukit/part1 or .gpukit/part2
 PY="${PYTHON:-python3}"
-DEST="${FASTSEARCH_KIT_DEST:-/tmp/fastsearch_kit}"
+DEST="${FASTSEARCH_KIT_DEST:-$CHECKOUT/tmp/fastsearch_kit}"
 OUTDIR="${OUT:-$DEST/out}"
 BUDGET="${GPU_SUITE_BUDGET_S:-360}"
 ARGS="${GPU_SUITE_ARGS:---workloads GMM:3 C2D:1 DEP:1 SFM:0 --seeds 0 --trials 32 --retime-processes 3 --repeat 5}"
