@@ -141,8 +141,11 @@ def test_softmax_rfactors_under_the_normalisation_loop():
         _core.Target(2, vector_bytes=32), 400, 0
     ):
         rules = json.loads(genome)["rules"]
-        rfactored_at = [rules[b]["RFactor"]["at"] if "RFactor" in rules[b] else None for b in ("1", "3")]
-        under_rows = rfactored_at == [[norm, 0]] * 2
+        rfactored_at = [
+            (rules[b]["RFactor"]["at"], rules[b]["RFactor"].get("partial")) if "RFactor" in rules[b] else None
+            for b in ("1", "3")
+        ]
+        under_rows = rfactored_at == [([norm, 0], None)] * 2
         if under_rows and rules["2"] == {"ComputeAt": {"host": norm, "depth": 0}}:
             fused.append(trace)
     assert fused, "no candidate computes both rfactored reductions under the row loop"
@@ -161,6 +164,54 @@ def test_softmax_rfactors_under_the_normalisation_loop():
     built = replay(func, fused[0], Postprocessor(func, TARGET))
     assert built is not None
     a = _random_args(func, np.random.default_rng(0))[0]
+    got = _run(built.mod, [a, np.zeros(a.shape, a.dtype)])
+    e = np.exp(a - a.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def _same_loop(sch, block, host, depth):
+    return sch.get(sch.get_loops(sch.get_sblock(block))[depth]).same_as(
+        sch.get(sch.get_loops(sch.get_sblock(host))[depth])
+    )
+
+
+@pytest.mark.parametrize(
+    ("at", "partial"),
+    [([4, 0], "Root"), ([4, 1], "Root"), ([4, 1], {"At": 0})],
+    ids=[
+        "final-under-rows-partial-at-root",
+        "final-per-element-partial-at-root",
+        "final-per-element-partial-per-row",
+    ],
+)
+def test_softmax_places_final_reduction_apart_from_its_partial_results(at, partial):
+    """MetaSchedule samples the compute location of an rfactor block apart from its final
+    reduction's; the sketches offer the same: the expsum's final reduction under the
+    normalisation's row or element loop, its partial sums at the root or under the row loop.
+    TVM accepts each placement where the genome puts it, and the kernel computes softmax."""
+    func = small("SFM")
+    found = None
+    for trace, genome in _core.Program(program_json(func)).sample_genomes(
+        _core.Target(2, vector_bytes=32), 400, 0
+    ):
+        rule = json.loads(genome)["rules"]["3"]
+        if "RFactor" in rule and rule["RFactor"]["at"] == at and rule["RFactor"].get("partial") == partial:
+            found = trace
+            break
+    assert found is not None, (
+        f"no candidate places the expsum's final reduction at {at} with partials {partial}"
+    )
+    sch = replay(func, found, None)
+    assert sch is not None
+    final, rf, norm = "T_softmax_expsum", "T_softmax_expsum_rf", "T_softmax_norm"
+    assert _same_loop(sch, final, norm, at[1])
+    if partial == "Root":
+        assert not _same_loop(sch, rf, norm, 0)
+    else:
+        assert _same_loop(sch, rf, norm, partial["At"]) and not _same_loop(sch, rf, norm, at[1])
+    built = replay(func, found, Postprocessor(func, TARGET))
+    assert built is not None
+    a = _random_args(func, np.random.default_rng(1))[0]
     got = _run(built.mod, [a, np.zeros(a.shape, a.dtype)])
     e = np.exp(a - a.max(axis=1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -4,7 +4,8 @@
 //! that apply to it (always inline; multi-level tiling "SSRSRS" with no cache, a cache-write
 //! stage or a fused elementwise consumer, placed after tile level 0 or 1; rfactor of a
 //! reduction with little spatial parallelism, its partial and final blocks at the root or under
-//! a loop of the block that consumes them; a compute location under its consumer). Padding
+//! a loop of the block that consumes them, placed together or apart as MetaSchedule samples
+//! their locations; a compute location under its consumer). Padding
 //! (a conditional elementwise block) is inlined, computed at the root, or computed under one
 //! of its tiled consumer's loops down to S2, as MetaSchedule's CPU rules leave it to a sampled
 //! location. Then its annotation: tile sizes and the unroll depth, with MetaSchedule's fixed
@@ -134,14 +135,18 @@ pub enum Rule {
         level: usize,
     },
     /// rfactor of the fused reduction loop (`outer`: the outer split becomes the partial axis);
-    /// `at`, when set, computes the partial and the final reduction under loop `depth` of
-    /// block `host`, beside the consumer that reads them (absent in genomes stored before).
+    /// `at`, when set, computes the final reduction under loop `depth` of block `host`, beside
+    /// the consumer that reads it, and `partial` says where the partial results go (both
+    /// fields absent in genomes stored before them).
     RFactor {
         /// Whether the outer split of the reduction loop becomes the partial axis.
         outer: bool,
-        /// `(host, depth)`: the block and loop depth the reduction is computed under.
+        /// `(host, depth)`: the block and loop depth the final reduction is computed under.
         #[serde(default)]
         at: Option<(usize, usize)>,
+        /// Where the partial results are computed.
+        #[serde(default, skip_serializing_if = "Partial::is_with_final")]
+        partial: Partial,
     },
     /// Computed under a loop of a consumer block.
     ComputeAt {
@@ -162,6 +167,26 @@ impl Rule {
             Rule::RFactor { at, .. } => *at,
             _ => None,
         }
+    }
+}
+
+/// Where an rfactored reduction computes its partial results, as MetaSchedule samples the
+/// compute location of an rfactor block apart from its final reduction's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Partial {
+    /// Just before the final reduction, under the same loop (at the root when it is).
+    #[default]
+    WithFinal,
+    /// A parallel pass of its own at the root, the final reduction under its consumer.
+    Root,
+    /// Under the host's loop at this depth, above the loop of the final reduction, which is
+    /// then recomputed for every iteration in between.
+    At(usize),
+}
+
+impl Partial {
+    fn is_with_final(&self) -> bool {
+        *self == Partial::WithFinal
     }
 }
 
@@ -347,14 +372,13 @@ impl SketchSpace {
                     && info.spatial_extent <= target.num_cores * 16
                     && self.rfactor_applies(program, info)
                 {
-                    options.push(Rule::RFactor {
-                        outer: false,
-                        at: None,
-                    });
-                    options.push(Rule::RFactor {
-                        outer: true,
-                        at: None,
-                    });
+                    for outer in [false, true] {
+                        options.push(Rule::RFactor {
+                            outer,
+                            at: None,
+                            partial: Partial::WithFinal,
+                        });
+                    }
                 }
             } else {
                 options.push(Rule::Root);
@@ -372,9 +396,12 @@ impl SketchSpace {
                     && info.reduce_extent >= MIN_RFACTOR_EXTENT
                     && self.rfactor_applies(program, info)
                 {
-                    for at in std::iter::once(None).chain(hosts.iter().map(Rule::location)) {
-                        options.push(Rule::RFactor { outer: false, at });
-                        options.push(Rule::RFactor { outer: true, at });
+                    for (at, partial) in
+                        self.rfactor_placements(program, &consumers, &hosts, &rules)
+                    {
+                        for outer in [false, true] {
+                            options.push(Rule::RFactor { outer, at, partial });
+                        }
                     }
                 }
                 options.extend(hosts);
@@ -598,6 +625,38 @@ impl SketchSpace {
         }
     }
 
+    /// Where an rfactored reduction with compute locations `hosts` may put its final reduction
+    /// and its partial results. As MetaSchedule samples the two locations apart: both at the
+    /// root; both under a loop its consumer's result depends on; the final reduction there and
+    /// the partial results at the root; and, when the host is its only consumer, the final
+    /// reduction under a deeper loop of the host (recomputed for each of its iterations, a
+    /// few partial sums per output element), the partial results at the root or above it.
+    fn rfactor_placements(
+        &self,
+        program: &Program,
+        consumers: &[usize],
+        hosts: &[Rule],
+        rules: &BTreeMap<usize, Rule>,
+    ) -> Vec<(Option<(usize, usize)>, Partial)> {
+        let mut out = vec![(None, Partial::WithFinal)];
+        for at in hosts.iter().filter_map(Rule::location) {
+            out.push((Some(at), Partial::WithFinal));
+            out.push((Some(at), Partial::Root));
+        }
+        if let (Some((host, _)), [only]) = (hosts.first().and_then(Rule::location), consumers) {
+            if *only == host {
+                let relevant = hosts.len();
+                for depth in relevant..self.host_loop_count(program, rules, host) {
+                    out.push((Some((host, depth)), Partial::Root));
+                    for above in 0..relevant {
+                        out.push((Some((host, depth)), Partial::At(above)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Loops of a tiled block a producer may be computed under: S0, S1, R0 and S2 (below
     /// them, R1 and S3 would recompute it for every register tile).
     pub fn tiled_location_depths(&self, program: &Program, block: usize) -> usize {
@@ -634,6 +693,12 @@ impl SketchSpace {
         let mut max_depth = usize::MAX;
         for &c in consumers {
             let (h, d) = match rules.get(&c).map(|r| (r, r.location())) {
+                // The partial results read the producer: it goes where they are.
+                Some((Rule::RFactor { partial, .. }, Some((host, depth)))) => match partial {
+                    Partial::WithFinal => (host, depth + 1),
+                    Partial::At(above) => (host, above + 1),
+                    Partial::Root => return None,
+                },
                 Some((_, Some((host, depth)))) => (host, depth + 1),
                 Some((Rule::Root, _)) | None => (c, self.relevant_depth(program, info, c)),
                 _ => return None,
@@ -762,7 +827,7 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
                     _ => {}
                 }
             }
-            (Some(Rule::RFactor { outer, at }), Some(tiles)) => {
+            (Some(Rule::RFactor { outer, at, partial }), Some(tiles)) => {
                 let loops = t.get_loops(b, info.loop_extents.len());
                 let n_s = block
                     .iter_vars
@@ -776,13 +841,17 @@ pub fn emit(program: &Program, space: &SketchSpace, genome: &Genome) -> Value {
                 };
                 let split = t.sample_and_split(&fused, &tiles[0], MAX_INNERMOST_FACTOR);
                 let axis = program.buffers[block.writes[0].buffer].shape.len();
-                let partial = t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
+                let partial_rv = t.rfactor(&split[if *outer { 0 } else { 1 }], axis);
                 if let Some((host, depth)) = at {
                     // The final reduction first: the partial block goes before its consumer.
                     let host_loops =
                         t.get_loops(&rv[host], space.host_loop_count(program, rules, *host));
                     t.compute_at(b, &host_loops[*depth]);
-                    t.compute_at(&partial, &host_loops[*depth]);
+                    match partial {
+                        Partial::WithFinal => t.compute_at(&partial_rv, &host_loops[*depth]),
+                        Partial::At(above) => t.compute_at(&partial_rv, &host_loops[*above]),
+                        Partial::Root => {}
+                    }
                 }
             }
             (Some(Rule::ComputeAt { host, depth }), _) => {
@@ -880,10 +949,27 @@ mod tests {
             old,
             Rule::RFactor {
                 outer: true,
-                at: None
+                at: None,
+                partial: Partial::WithFinal,
             }
         );
         let new: Rule = serde_json::from_str(r#"{"RFactor":{"outer":false,"at":[4,0]}}"#).unwrap();
         assert_eq!(new.location(), Some((4, 0)));
+        // Partial results beside the final reduction are stored as before; elsewhere they say so.
+        assert_eq!(
+            serde_json::to_string(&new).unwrap(),
+            r#"{"RFactor":{"outer":false,"at":[4,0]}}"#
+        );
+        let apart = Rule::RFactor {
+            outer: false,
+            at: Some((4, 1)),
+            partial: Partial::At(0),
+        };
+        let text = serde_json::to_string(&apart).unwrap();
+        assert_eq!(
+            text,
+            r#"{"RFactor":{"outer":false,"at":[4,1],"partial":{"At":0}}}"#
+        );
+        assert_eq!(serde_json::from_str::<Rule>(&text).unwrap(), apart);
     }
 }

@@ -5,7 +5,7 @@
 //! where a block is computed.
 
 use super::{prime_factors, sample_perfect_tile, SketchSpace, MAX_INNERMOST_FACTOR};
-use super::{Genome, Rule, WriteCache, UNROLL_CANDIDATES};
+use super::{Genome, Partial, Rule, WriteCache, UNROLL_CANDIDATES};
 use crate::program::Program;
 use crate::rng::Rng;
 
@@ -110,8 +110,23 @@ fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng:
         }
         Rule::RFactor {
             at: Some((_, depth @ 1..)),
+            partial,
             ..
-        } if rng.chance(0.5) => *depth -= 1,
+        } if rng.chance(0.5) && !matches!(*partial, Partial::At(above) if above + 1 >= *depth) => {
+            *depth -= 1
+        }
+        // The partial results to the root or back beside the final reduction (their producers
+        // may have to move too; the replay refuses the mutant if so).
+        Rule::RFactor {
+            at: Some(_),
+            partial,
+            ..
+        } if rng.chance(0.5) => {
+            *partial = match partial {
+                Partial::Root => Partial::WithFinal,
+                _ => Partial::Root,
+            }
+        }
         Rule::RFactor { outer, .. } => *outer = !*outer,
         Rule::ComputeAt { depth, .. } => *depth -= 1,
         _ => return false,

@@ -192,9 +192,11 @@ pub fn transfer_from_sibling(
             Rule::RFactor {
                 outer,
                 at: Some((host, depth)),
+                partial,
             } => Rule::RFactor {
                 outer: *outer,
                 at: Some((map(*host)?, *depth)),
+                partial: *partial,
             },
             Rule::Tile {
                 cache: WriteCache::FusedConsumer(c),
