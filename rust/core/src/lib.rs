@@ -66,6 +66,6 @@ pub use search::{coarse_shape, reduction_split, structure, Proposal, Role, Score
 pub use sketch::{
     emit, emit_gpu, mutate, mutate_gpu, sample as sample_traces, sample_genomes, sample_gpu,
     sample_gpu_genomes, transfer, transfer_from_sibling, CpuTarget, Genome, GpuGenome, GpuRule,
-    GpuSketchSpace, Rule, SketchSpace, WriteCache,
+    GpuSketchSpace, Partial, Rule, SketchSpace, WriteCache,
 };
 pub use verify_gpu::{verify_trace_gpu, verify_traces_gpu};
