@@ -66,7 +66,14 @@ pub fn split(
     }
     let mut fs: Vec<i64> = factors.iter().map(|f| f.unwrap_or(1)).collect();
     match infer {
-        Some(i) => fs[i] = (extent + known - 1) / known,
+        // Ceiling division that cannot overflow on factors near i64::MAX.
+        Some(i) => {
+            fs[i] = if extent <= 0 {
+                0
+            } else {
+                (extent - 1) / known + 1
+            }
+        }
         None if known < extent => {
             return Err(Error::schedule(
                 I,

@@ -14,7 +14,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{emit, Genome, Rule, SketchSpace, WriteCache, MAX_INNERMOST_FACTOR, UNROLL_CANDIDATES};
+use super::{
+    emit, Genome, Partial, Rule, SketchSpace, WriteCache, MAX_INNERMOST_FACTOR, UNROLL_CANDIDATES,
+};
 use crate::program::{IterKind, Program};
 use crate::schedule::{trace, State, Trace};
 
@@ -100,7 +102,15 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
             Rule::ComputeAt { .. } | Rule::Inline | Rule::Root => true,
         } && rule.location().is_none_or(|(host, depth)| {
             known(host) && depth < space.host_loop_count(program, &genome.rules, host)
-        });
+        }) && match rule {
+            // Partial results under a loop above the final reduction's.
+            Rule::RFactor {
+                at,
+                partial: Partial::At(above),
+                ..
+            } => at.is_some_and(|(_, depth)| *above < depth),
+            _ => true,
+        };
         if !fits {
             return None;
         }
