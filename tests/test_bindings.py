@@ -28,7 +28,6 @@ def test_a_program_handle_gives_what_a_fresh_one_gives():
         "exploit",
         "shape",
         "structure",
-        "split",
         "random",
     }
 

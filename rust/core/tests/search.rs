@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use fastsearch_core::Program;
 use fastsearch_core::Rng;
 use fastsearch_core::{anneal, AnnealingConfig};
-use fastsearch_core::{coarse_shape, reduction_split, structure, Proposal, Role, SearchContext};
+use fastsearch_core::{coarse_shape, structure, Proposal, Role, SearchContext};
 use fastsearch_core::{evolve, EvolutionConfig};
 use fastsearch_core::{CpuTarget, Genome, Rule, SketchSpace};
 
@@ -184,7 +184,6 @@ fn sixteen_measured(name: &str) -> (Fixture, EvolutionConfig, Vec<Genome>) {
         epsilon: 0.0,
         novel_share: 0.0,
         structure_share: 0.0,
-        split_share: 0.0,
         ..Default::default()
     };
     let first = evolve(&f.ctx(), &synthetic, &[], 16, &focused, 7);
@@ -274,69 +273,6 @@ fn late_batches_spend_their_share_on_structures_measured_least() {
     assert_eq!(rare(&plain), 0);
     assert_eq!(rare(&tried), 4);
     assert!(plain.iter().all(|x| x.role == Role::Exploit));
-
-    // Below `novel_after` measured candidates the batch is the plain one.
-    let early = EvolutionConfig {
-        novel_after: 17,
-        ..exploring
-    };
-    let keys = |p: &[Proposal]| p.iter().map(|x| x.key.clone()).collect::<Vec<_>>();
-    assert_eq!(
-        keys(&evolve(&f.ctx(), &sure, &seeds, 16, &early, 8)),
-        keys(&plain)
-    );
-}
-
-#[test]
-fn late_batches_spend_their_share_on_reduction_splits_measured_least() {
-    let (f, focused, seeds) = sixteen_measured("gmm_512");
-    let exploring = EvolutionConfig {
-        split_share: 0.25,
-        structure_tries: 2,
-        novel_after: 16,
-        ..focused.clone()
-    };
-    let mut counts: HashMap<u64, usize> = HashMap::new();
-    for g in &seeds {
-        *counts.entry(reduction_split(g)).or_insert(0) += 1;
-    }
-    // A model sure of the split measured most, as late in a run: without the share the whole
-    // batch goes to it.
-    let favourite = *counts.iter().max_by_key(|(s, c)| (**c, **s)).unwrap().0;
-    let sure = |p: &Program, space: &SketchSpace, g: &[Genome]| -> Vec<f64> {
-        let base = synthetic(p, space, g);
-        g.iter()
-            .zip(base)
-            .map(|(g, s)| {
-                if reduction_split(g) == favourite {
-                    s + 100.0
-                } else {
-                    s
-                }
-            })
-            .collect()
-    };
-    let rare = |p: &[Proposal]| {
-        p.iter()
-            .map(|x| reduction_split(&x.genome))
-            .filter(|s| counts.get(s).copied().unwrap_or(0) < 2)
-            .collect::<HashSet<u64>>()
-            .len()
-    };
-    let plain = evolve(&f.ctx(), &sure, &seeds, 16, &focused, 8);
-    let tried = evolve(&f.ctx(), &sure, &seeds, 16, &exploring, 8);
-    assert_eq!(tried.len(), 16);
-    assert!(tried.iter().all(|x| !f.measured.contains_key(&x.key)));
-    // A quarter of the batch: four splits measured fewer than twice, one candidate each.
-    let picks: Vec<&Proposal> = tried.iter().filter(|x| x.role == Role::Split).collect();
-    assert_eq!(picks.len(), 4);
-    let splits: HashSet<u64> = picks.iter().map(|x| reduction_split(&x.genome)).collect();
-    assert_eq!(splits.len(), 4);
-    assert!(splits
-        .iter()
-        .all(|s| counts.get(s).copied().unwrap_or(0) < 2));
-    assert_eq!(rare(&plain), 0);
-    assert!(rare(&tried) >= 4);
 
     // Below `novel_after` measured candidates the batch is the plain one.
     let early = EvolutionConfig {

@@ -310,7 +310,7 @@ impl Program {
     /// blended with `model` (a `Forest` on sketch features) at `model_weight`. `population` and
     /// `generations` are the evolution's (the annealing's chains and steps). Returns
     /// `(key, genome JSON, score, role)`, best predicted first; the role says why each is there:
-    /// "exploit", "shape", "structure", "split" or "random".
+    /// "exploit", "shape", "structure" or "random".
     #[pyo3(signature = (
         target, *, strategy, n, seed, measured, seeds,
         population = None, generations = None, model = None, model_weight = 0.0

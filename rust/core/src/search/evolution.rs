@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use rayon::prelude::*;
 
 use super::{
-    coarse_shape, fill_random, identity, pick, pick_novel, pick_splits, pick_structures,
-    reduction_split, structure, Proposal, Scorer, SearchContext,
+    coarse_shape, fill_random, identity, pick, pick_novel, pick_structures, structure, Proposal,
+    Scorer, SearchContext,
 };
 use crate::rng::Rng;
 use crate::sketch::{crossover, mutate, Genome};
@@ -27,17 +27,13 @@ pub struct EvolutionConfig {
     /// Share of each batch given, once `novel_after` candidates are measured, to the best-scored
     /// candidates of coarse shapes (rules and outer tiles) not measured yet, one per shape.
     pub novel_share: f64,
-    /// Measured candidates after which `novel_share`, `structure_share` and `split_share`
-    /// apply.
+    /// Measured candidates after which `novel_share` and `structure_share` apply.
     pub novel_after: usize,
     /// Share of each batch given, from the same point on, to the best-scored candidates of
     /// structures (rules) measured fewer than `structure_tries` times, one per structure.
     pub structure_share: f64,
     /// Measurements after which a structure no longer counts as untried.
     pub structure_tries: usize,
-    /// Share of each batch given, from the same point on, to the best-scored candidates of
-    /// reduction splits measured fewer than `structure_tries` times, one per split.
-    pub split_share: f64,
 }
 
 impl Default for EvolutionConfig {
@@ -60,10 +56,6 @@ impl Default for EvolutionConfig {
             // instead of 4-10, and s2's best (padding under the conv) is one it found.
             structure_share: 0.125,
             structure_tries: 3,
-            // On the 256-trial suite runs MetaSchedule measured every inner reduction factor
-            // about equally and its best often had one fastsearch never tried (GMM:2 4, C1D:2
-            // 1); fastsearch spent 85-90% of its measurements on 16 to 64.
-            split_share: 0.125,
         }
     }
 }
@@ -187,14 +179,11 @@ pub fn evolve(
         }
     };
     let (n_novel, n_structures) = (share(config.novel_share), share(config.structure_share));
-    let n_splits = share(config.split_share);
     let mut taken: HashSet<String> = HashSet::new();
     let measured_shapes: HashSet<u64> = seeds.iter().map(coarse_shape).collect();
     let mut structure_counts: HashMap<u64, usize> = HashMap::new();
-    let mut split_counts: HashMap<u64, usize> = HashMap::new();
     for g in seeds {
         *structure_counts.entry(structure(g)).or_insert(0) += 1;
-        *split_counts.entry(reduction_split(g)).or_insert(0) += 1;
     }
     // Only picked genomes are cloned: the exploring picks may walk the whole ranking.
     let ranked_refs = || ranked.iter().map(|&(i, s)| (&seen.entries[i].0, s));
@@ -206,14 +195,6 @@ pub fn evolve(
         config.structure_tries,
         &mut taken,
     );
-    out.extend(pick_splits(
-        ctx,
-        ranked_refs(),
-        n_splits,
-        &split_counts,
-        config.structure_tries,
-        &mut taken,
-    ));
     out.extend(pick_novel(
         ctx,
         ranked_refs(),

@@ -55,8 +55,6 @@ pub enum Role {
     Shape,
     /// The best scored of a structure measured fewer than a few times ([`pick_structures`]).
     Structure,
-    /// The best scored of a reduction split measured fewer than a few times ([`pick_splits`]).
-    Split,
     /// A random draw.
     Random,
 }
@@ -68,7 +66,6 @@ impl Role {
             Role::Exploit => "exploit",
             Role::Shape => "shape",
             Role::Structure => "structure",
-            Role::Split => "split",
             Role::Random => "random",
         }
     }
@@ -129,23 +126,6 @@ pub fn coarse_shape(genome: &Genome) -> u64 {
 /// reduced by rfactor), whatever its tile sizes and annotations.
 pub fn structure(genome: &Genome) -> u64 {
     hash_of(&genome.rules)
-}
-
-/// How a candidate splits its reductions: per tiled or rfactored block, the inner factor of
-/// each two-level (reduction) loop, the steps its register tile accumulates per pass. Neither
-/// [`coarse_shape`] nor [`structure`] tells these apart.
-pub fn reduction_split(genome: &Genome) -> u64 {
-    let inner: Vec<(usize, i64)> = genome
-        .tiles
-        .iter()
-        .flat_map(|(block, loops)| {
-            loops
-                .iter()
-                .filter(|f| f.len() == 2)
-                .map(move |f| (*block, f[1]))
-        })
-        .collect();
-    hash_of(&inner)
 }
 
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
@@ -269,31 +249,6 @@ pub(crate) fn pick_structures<'a>(
 ) -> Vec<Proposal> {
     let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
     pick_one_per_class(ctx, ranked, n, structure, eligible, Role::Structure, taken)
-}
-
-/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
-/// [`reduction_split`], of splits `measured` holds fewer than `tries` times. A run settles on
-/// the inner reduction factors of its first good candidates (GMM:2 at 256 trials measured 220
-/// of 256 candidates with 16 or 32, none below 4, where MetaSchedule's best accumulates 4
-/// steps per pass), and its model cannot rank splits it has no records of.
-pub(crate) fn pick_splits<'a>(
-    ctx: &SearchContext<'_>,
-    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
-    n: usize,
-    measured: &HashMap<u64, usize>,
-    tries: usize,
-    taken: &mut HashSet<String>,
-) -> Vec<Proposal> {
-    let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
-    pick_one_per_class(
-        ctx,
-        ranked,
-        n,
-        reduction_split,
-        eligible,
-        Role::Split,
-        taken,
-    )
 }
 
 /// Tops `out` up to `n` with random unmeasured draws (exploration, or a search that ran out).
