@@ -188,6 +188,12 @@ impl Partial {
     fn is_with_final(&self) -> bool {
         *self == Partial::WithFinal
     }
+
+    /// Whether these partial results may go with a final reduction under loop `depth`: a
+    /// loop of their own must be above it.
+    pub fn fits_above(&self, depth: usize) -> bool {
+        !matches!(*self, Partial::At(above) if above >= depth)
+    }
 }
 
 /// Where a tiled block writes its results.

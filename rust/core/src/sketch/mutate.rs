@@ -112,9 +112,7 @@ fn mutate_structure(g: &mut Genome, program: &Program, space: &SketchSpace, rng:
             at: Some((_, depth @ 1..)),
             partial,
             ..
-        } if rng.chance(0.5) && !matches!(*partial, Partial::At(above) if above + 1 >= *depth) => {
-            *depth -= 1
-        }
+        } if rng.chance(0.5) && partial.fits_above(*depth - 1) => *depth -= 1,
         // The partial results to the root or back beside the final reduction (their producers
         // may have to move too; the replay refuses the mutant if so).
         Rule::RFactor {

@@ -106,9 +106,9 @@ pub fn transfer(program: &Program, space: &SketchSpace, genome: &Genome) -> Opti
             // Partial results under a loop above the final reduction's.
             Rule::RFactor {
                 at,
-                partial: Partial::At(above),
+                partial: partial @ Partial::At(_),
                 ..
-            } => at.is_some_and(|(_, depth)| *above < depth),
+            } => at.is_some_and(|(_, depth)| partial.fits_above(depth)),
             _ => true,
         };
         if !fits {
