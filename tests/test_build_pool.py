@@ -95,6 +95,7 @@ def test_a_hung_build_times_out():
         (out,) = pool.build(mods, resolve_target(), timeout_s=1.0)
         assert _failure_kind("build", out.error_msg or "") == "build timeout"
         assert "after 1.0 seconds" in (out.error_msg or "")
+        assert out.killed_after_s == 1.0  # the build needed at least that long
         assert time.perf_counter() - t0 < 2.9
         # A limit that follows the builds finished before: the hang, started after two quick
         # builds, is stopped at the limit they set.
@@ -106,6 +107,7 @@ def test_a_hung_build_times_out():
 
         out = pool.build(_mods(2) + mods, resolve_target(), timeout_s=limit)
         assert [o.error_msg is None for o in out] == [True, True, False]
+        assert [o.killed_after_s for o in out] == [None, None, 1.0]
         assert _failure_kind("build", out[2].error_msg or "") == "build timeout"
         assert [len(d) for d in seen] == [0, 1, 2]
         for o in out[:2]:
@@ -125,15 +127,32 @@ def test_a_measurer_builds_and_times_in_its_kept_workers():
         assert m.builder.started == 2  # both batches on the workers started with the measurer
 
 
+def test_a_measurer_reports_how_long_a_stopped_build_ran():
+    """A build stopped at its limit is a failure that still says it took at least that long,
+    which the tuning loop hands the build-time model with the task's other builds."""
+    config = MeasureConfig(repeat=1, min_repeat_ms=1, build_workers=1, build_timeout_s=1.0)
+    with Measurer(resolve_target(), config, f_build=faults.faulty_build) as m:
+        info = list(tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(_add_one))
+        hung, fine = m.measure([_with_fault(_mods(1)[0], "build hang"), _mods(1)[0]], info)
+        assert hung.failure == "build timeout" and hung.build_killed_s == 1.0
+        assert fine.ok and fine.build_killed_s is None
+        Measurer.release([hung, fine])
+
+
 def test_a_pool_needs_a_worker():
     with pytest.raises(ValueError, match="at least one worker"):
         BuildPool(0, 10.0)
 
 
-def test_a_task_build_timeout_follows_its_median_build():
+def test_a_task_build_timeout_follows_its_typical_build():
     config = MeasureConfig(build_timeout_s=60.0)
     assert config.build_timeout_for([0.1] * (BUILD_TIMEOUT_AFTER - 1)) == 60.0  # too few builds yet
     assert config.build_timeout_for([0.1] * BUILD_TIMEOUT_AFTER) == 10.0  # the floor
-    assert config.build_timeout_for([0.1] * 7 + [30.0] * 2) == 10.0  # a median, not a mean
+    assert config.build_timeout_for([0.1] * 7 + [30.0] * 2) == 10.0  # not a mean
+    # TBG:0's first batch before its one pathological build: a median of 0.69 s would allow
+    # 27.5 s; the lower quartile (0.21 s) stops it at the floor
+    first_batch = [0.17, 0.21, 0.25, 1.13, 1.20, 1.72, 0.12, 6.05]
+    assert config.build_timeout_for(first_batch) == 10.0
+    assert config.build_timeout_for([0.5, 0.5, 1.0] + [2.0] * 5) == 40.0  # the lower quartile, 1.0 s
     assert config.build_timeout_for([1.0] * BUILD_TIMEOUT_AFTER) == 40.0
     assert config.build_timeout_for([5.0] * BUILD_TIMEOUT_AFTER) == 60.0  # never above build_timeout_s

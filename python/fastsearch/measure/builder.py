@@ -39,13 +39,17 @@ WARM_UP_TIMEOUT_S = 300.0
 
 
 class BuildOutcome:
-    """One candidate's build: the artifact's path, or the error message."""
+    """One candidate's build: the artifact's path, or the error message; ``killed_after_s``: the
+    limit a build that timed out ran for (it would have taken at least that long)."""
 
-    __slots__ = ("artifact_path", "error_msg")
+    __slots__ = ("artifact_path", "error_msg", "killed_after_s")
 
-    def __init__(self, artifact_path: str | None, error_msg: str | None) -> None:
+    def __init__(
+        self, artifact_path: str | None, error_msg: str | None, killed_after_s: float | None = None
+    ) -> None:
         self.artifact_path = artifact_path
         self.error_msg = error_msg
+        self.killed_after_s = killed_after_s
 
 
 def warm_up(modules: Sequence[str]) -> int:
@@ -110,7 +114,7 @@ class _Worker:
             return BuildOutcome(str(self.process.recv()), None)
         except TimeoutError:
             self.warm = False  # PopenWorker killed it; the next send starts a cold one
-            return BuildOutcome(None, f"LocalBuilder: Timeout, killed after {timeout_s} seconds")
+            return BuildOutcome(None, f"LocalBuilder: Timeout, killed after {timeout_s} seconds", timeout_s)
         except ChildProcessError as exc:
             self.warm = False
             return BuildOutcome(None, f"LocalBuilder: An exception occurred\n{exc}")

@@ -95,7 +95,7 @@ def _run_artifact(path: str, arrays: list[np.ndarray], entry: str, dev_type: str
     return run_function(rt_mod, arrays, tvm.runtime.device(dev_type, 0), entry)
 
 
-#: Builds a task has had before its build timeout follows their median
+#: Builds a task has had before its build timeout follows them
 #: (:meth:`MeasureConfig.build_timeout_for`).
 BUILD_TIMEOUT_AFTER = 8
 
@@ -124,10 +124,13 @@ class MeasureConfig:
     the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
 
     ``build_timeout_s`` bounds every build. Once a task has :data:`BUILD_TIMEOUT_AFTER` builds
-    (its first batch's finished builds count), a build that takes ``build_timeout_medians`` times their median (at least
-    ``build_timeout_floor_s``) is stopped and counted as a build timeout
-    (:meth:`build_timeout_for`): one TBG:0 candidate, unrolled 512 deep, built in 32 s where its
-    task's median was 0.14 s, and the batch waited for it; such candidates ran no faster.
+    (its first batch's finished builds count), a build that takes ``build_timeout_scale`` times
+    their lower quartile (at least ``build_timeout_floor_s``) is stopped and counted as a build
+    timeout (:meth:`build_timeout_for`): one TBG:0 candidate, unrolled 512 deep, built in 32 s
+    where its task's median was 0.14 s, and the batch waited for it; such candidates ran no
+    faster. The quartile, not the median: a first batch's builds include each worker's cold
+    first build and a few slow ones, and on TBG:0 their median (0.69 s) let one build run 27.5 s
+    where the quartile's limit stops it at the floor.
 
     ``cold_weights``: a task whose weights (the arguments between the first and the output)
     take more than twice a core's L2 cache (:func:`l2_cache_bytes`) is timed with every argument
@@ -152,7 +155,7 @@ class MeasureConfig:
     enable_cpu_cache_flush: bool = False
     build_workers: int | None = None
     build_timeout_s: float = 60.0
-    build_timeout_medians: float = 40.0
+    build_timeout_scale: float = 40.0
     build_timeout_floor_s: float = 10.0
     run_timeout_s: float = 30.0
     cooldown_s: float = 0.0
@@ -183,7 +186,8 @@ class MeasureConfig:
         """The build timeout of a task whose earlier builds took ``build_secs`` seconds."""
         if len(build_secs) < BUILD_TIMEOUT_AFTER:
             return self.build_timeout_s
-        scaled = self.build_timeout_medians * statistics.median(build_secs)
+        typical = sorted(build_secs)[len(build_secs) // 4]  # the lower quartile
+        scaled = self.build_timeout_scale * typical
         return min(self.build_timeout_s, max(self.build_timeout_floor_s, scaled))
 
     def times_cold(self, args_info: Sequence[ms.arg_info.ArgInfo], whole_model: bool) -> bool:
@@ -225,6 +229,8 @@ class MeasureResult:
     # Seconds of the build's stages (``passes``: TVM's, ``codegen``: LLVM's, ``export``), when
     # the builder recorded them (:func:`export_module`).
     build_stages: dict[str, float] | None = None
+    # Seconds a build ran before it was stopped (a build timeout): it needed at least that long.
+    build_killed_s: float | None = None
 
     def fail(self, kind: str, error: str) -> None:
         """Mark the candidate failed with ``kind`` (one of :data:`FAILURE_KINDS`)."""
@@ -623,7 +629,10 @@ class Measurer:
             res = built[i]
             if res.error_msg is not None or res.artifact_path is None:
                 msg = str(res.error_msg or "build produced no artifact")
-                results.append(MeasureResult(error=msg, failure=_failure_kind("build", msg)))
+                killed = getattr(res, "killed_after_s", None)
+                results.append(
+                    MeasureResult(error=msg, failure=_failure_kind("build", msg), build_killed_s=killed)
+                )
             else:
                 path = str(res.artifact_path)
                 results.append(

@@ -718,7 +718,8 @@ def _run_batch(
     remote: RPCRunner | None = None,
 ) -> tuple[list[tuple[str, float | None]], list[tuple[str, float]]]:
     """Build, run, check and store one batch; returns (key, mean seconds or None) per candidate,
-    and (key, build seconds) per candidate whose build recorded them."""
+    and (key, build seconds) per candidate whose build recorded them or was stopped (the limit it
+    ran for: the build-time model learns what builds too slowly)."""
     best_before = task.best_secs
     runnable = [i for i, c in enumerate(batch) if c.error is None and c.sch is not None]
     results = [
@@ -792,7 +793,11 @@ def _run_batch(
         history.append(_trial_record(len(history) + 1, task.name, res, t_start, overall_best_us()))
     task.best_secs = best_after
     timing["database"] += time.perf_counter() - t0
-    builds = [(c.key, r.build_s) for c, r in zip(batch, results) if r.build_s is not None]
+    builds: list[tuple[str, float]] = []
+    for c, r in zip(batch, results):
+        took = r.build_s if r.build_s is not None else r.build_killed_s
+        if took is not None:
+            builds.append((c.key, took))
     return outcome, builds
 
 
