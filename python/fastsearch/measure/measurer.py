@@ -629,9 +629,10 @@ class Measurer:
             res = built[i]
             if res.error_msg is not None or res.artifact_path is None:
                 msg = str(res.error_msg or "build produced no artifact")
-                killed = getattr(res, "killed_after_s", None)
                 results.append(
-                    MeasureResult(error=msg, failure=_failure_kind("build", msg), build_killed_s=killed)
+                    MeasureResult(
+                        error=msg, failure=_failure_kind("build", msg), build_killed_s=res.killed_after_s
+                    )
                 )
             else:
                 path = str(res.artifact_path)
