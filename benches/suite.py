@@ -418,7 +418,7 @@ def report(out_dir: Path) -> str:
         "",
     ]
     _plot(runs, workloads, out_dir)
-    lines.append(f"Curves: `{out_dir / 'curves_trials.png'}`, `{out_dir / 'curves_time.png'}`.")
+    lines.append("Curves, beside this file: `curves_trials.png`, `curves_time.png`.")
     text = "\n".join(lines) + "\n"
     (out_dir / "suite.md").write_text(text)
     return text

@@ -239,7 +239,7 @@ def report(out_dir: Path) -> str:
             "",
         ]
     _plot(runs, out_dir)
-    lines.append(f"Curves: `{out_dir / 'warm_start.png'}`.")
+    lines.append("Curves, beside this file: `warm_start.png`.")
     text = "\n".join(lines) + "\n"
     (out_dir / "warm_start.md").write_text(text)
     return text
