@@ -57,11 +57,23 @@ EOF
 }
 
 # The folder holding libcudart.so.13, which TVM's CUDA runtime library links against: the
-# CUDA toolkit's, or the nvidia-cuda-runtime wheel's that PyTorch uses.
+# CUDA toolkit's (from CUDA_HOME or CUDA_PATH, the nvcc on PATH, or the dynamic linker's cache),
+# or the nvidia-cuda-runtime wheel's that PyTorch uses.
 find_cudart() {
   "$PY" - <<'EOF'
-import glob, os, site, sys
-roots = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
+import glob, os, shutil, site, subprocess, sys
+homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+nvcc = shutil.which("nvcc")
+if nvcc:
+    homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+roots = []
+for home in filter(None, homes):
+    roots += [os.path.join(home, "lib64"), os.path.join(home, "targets", "x86_64-linux", "lib")]
+try:
+    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+except OSError:
+    cache = ""
+roots += [os.path.dirname(line.split("=>")[-1].strip()) for line in cache.splitlines() if "libcudart.so.13" in line]
 for sp in site.getsitepackages() + [site.getusersitepackages()]:
     roots += glob.glob(os.path.join(sp, "nvidia", "*", "lib")) + glob.glob(os.path.join(sp, "nvidia", "*", "*", "lib"))
 for root in roots:
