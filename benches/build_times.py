@@ -22,6 +22,7 @@ from pathlib import Path
 import tvm
 from fastsearch.cli.main import load_workload
 from fastsearch.database import candidate_key
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.search.state import state_file
 
 from benches.runs import compile_record, fastsearch_dir, mean_us, records_in_order
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.first, last):
         rec = records[i]
         start = time.perf_counter()
-        compile_record(rec, target)
+        compile_record(rec, target, TIR_PIPELINE)
         secs = time.perf_counter() - start
         took.append(secs)
         print(

@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from fastsearch import metaschedule as fst
 from fastsearch.ir.target import resolve_target
-from fastsearch.measure.measurer import build_module, random_arguments
+from fastsearch.measure.measurer import build_module_tvm_lowering, random_arguments
 from tvm.s_tir import meta_schedule as ms
 
 from benches.kernel_retime import pair, retime_in_processes
@@ -47,7 +47,7 @@ def tune(
         work_dir,
         trials,
         num_trials_per_iter=8,
-        builder=ms.builder.LocalBuilder(f_build=build_module, max_workers=1),
+        builder=ms.builder.LocalBuilder(f_build=build_module_tvm_lowering, max_workers=1),
         runner=ms.runner.LocalRunner(
             evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1, min_repeat_ms=5)
         ),

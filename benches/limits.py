@@ -68,6 +68,7 @@ from fastsearch.cli.main import load_workload
 from fastsearch.graph.model_timing import run_in_fresh_process, time_in_fresh_processes
 from fastsearch.ir.machine import vector_bytes
 from fastsearch.ir.target import physical_cores, resolve_target
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.measure.measurer import random_arguments
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
@@ -608,7 +609,11 @@ def time_tuned(
     if not records:
         return
     func = load_workload(case.workload).func
-    libs = [compile_record(rec, target) for _, rec in records]
+    # each tuner's kernel as that tuner builds it
+    libs = [
+        compile_record(rec, target, TIR_PIPELINE if label.startswith("fastsearch|") else "default")
+        for label, rec in records
+    ]
     per_process = retime_in_processes(libs, func, rounds, processes, min_repeat_ms)
     by_tuner: dict[str, dict[str, float]] = {}
     for i, (label, _) in enumerate(records):

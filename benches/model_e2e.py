@@ -86,7 +86,7 @@ def _pipeline_builder(default_builder: bool) -> Iterator[None]:
     """Within the block, the LocalBuilder that TVM's pipeline creates by name (``"local"``) builds
     with fastsearch's build function: MetaSchedule's own minus the tensor-intrinsic import that
     every fresh build worker repeats. The pipeline takes no builder argument."""
-    from fastsearch.measure.measurer import build_module
+    from fastsearch.measure.measurer import build_module_tvm_lowering
     from tvm.s_tir.meta_schedule import builder as ms_builder
 
     if default_builder:
@@ -96,7 +96,7 @@ def _pipeline_builder(default_builder: bool) -> Iterator[None]:
 
     class _Builder(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("f_build", build_module)
+            kwargs.setdefault("f_build", build_module_tvm_lowering)
             super().__init__(*args, **kwargs)
 
     ms_builder.LocalBuilder = _Builder
@@ -135,7 +135,9 @@ def run_metaschedule(
     wall = time.perf_counter() - t0
     return {
         "wall_s": wall,
-        "builder": "MetaSchedule's default_build" if default_builder else "fastsearch's build_module",
+        "builder": "MetaSchedule's default_build"
+        if default_builder
+        else "fastsearch's build_module_tvm_lowering",
         "exe": tvm.compile(tuned, target=target),
         "records": _records(work),
         "tasks": n_tasks,

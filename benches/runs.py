@@ -74,11 +74,26 @@ def mean_us(rec: ms.database.TuningRecord) -> float:
     return statistics.fmean(secs) * 1e6 if secs and max(secs) < 1e9 else math.inf
 
 
-def compile_record(rec: ms.database.TuningRecord, target: tvm.target.Target) -> Any:
-    """The record's schedule, replayed on its workload and built for ``target``."""
+def compile_record(
+    rec: ms.database.TuningRecord, target: tvm.target.Target, pipeline: str = "default"
+) -> Any:
+    """The record's schedule, replayed on its workload and built for ``target`` with the TIR
+    ``pipeline`` (TVM's ``"default"``, what MetaSchedule builds with, or fastsearch's
+    :data:`~fastsearch.ir.vector_math.TIR_PIPELINE`)."""
+    return tvm.compile(replay_record(rec), target=target, tir_pipeline=pipeline)
+
+
+def replay_record(rec: ms.database.TuningRecord) -> tvm.IRModule:
+    """The record's schedule, replayed on its workload."""
     sch = tvm.s_tir.Schedule(rec.workload.mod)
     rec.trace.apply_to_schedule(sch, remove_postproc=False)
-    return tvm.compile(sch.mod, target=target)
+    return sch.mod
+
+
+def uses_exp(mod: tvm.IRModule) -> bool:
+    """Whether a scheduled module calls ``exp``: the kernels fastsearch's TIR pipeline builds
+    differently from TVM's default one."""
+    return "T.exp(" in mod.script()
 
 
 def best_within(

@@ -46,13 +46,14 @@ from typing import Any
 import tvm
 from fastsearch.cli.main import load_workload
 from fastsearch.ir.target import physical_cores, resolve_target
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.tuning import loop
 from fastsearch.tuning.options import TuningPlan
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from benches.compare_gmm import run_metaschedule
-from benches.kernel_retime import retime_in_processes, summarize
+from benches.kernel_retime import pair, retime_in_processes, summarize
 from benches.runs import (
     best_within,
     compile_record,
@@ -61,6 +62,8 @@ from benches.runs import (
     mean_us,
     metaschedule_dir,
     records_in_order,
+    replay_record,
+    uses_exp,
 )
 
 #: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
@@ -209,11 +212,22 @@ def _retime_pair(
     processes: int,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Both bests compiled, then timed together in ``processes`` fresh processes
+    """Both bests compiled, each as its tuner builds it (fastsearch's with its TIR pipeline,
+    MetaSchedule's with TVM's default), then timed together in ``processes`` fresh processes
     (:mod:`kernel_retime`) on ``device``: medians over processes and the median per-process
-    ratio."""
-    libs = [compile_record(fs_best, target), compile_record(ms_best, target)]
-    out = summarize(retime_in_processes(libs, func, repeat, processes, device=device))
+    ratio. Where the two pipelines build MetaSchedule's best differently (a kernel with
+    ``exp``), that build is timed beside them too: ``same_lowering_ratio`` compares the two
+    schedules with one lowering."""
+    libs = [compile_record(fs_best, target, TIR_PIPELINE), compile_record(ms_best, target)]
+    same_lowering = device == "cpu" and uses_exp(replay_record(ms_best))
+    if same_lowering:
+        libs.append(compile_record(ms_best, target, TIR_PIPELINE))
+    per_process = retime_in_processes(libs, func, repeat, processes, device=device)
+    out = summarize(per_process)
+    if same_lowering:
+        _, ms_us, ratios = pair(per_process, 0, 2)
+        out["metaschedule_same_lowering_us"] = ms_us
+        out["same_lowering_ratio"] = statistics.median(ratios)
     out["retime_processes"] = processes
     out["retime_rounds"] = repeat
     return out
@@ -303,6 +317,29 @@ def _threads_of(runs: list[dict[str, Any]]) -> str:
     return ", ".join(seen)
 
 
+def _same_lowering_lines(runs: list[dict[str, Any]], n: int, wl_ratios: dict[str, float]) -> list[str]:
+    """Workloads whose kernels call ``exp``: their ratio with MetaSchedule's best also built
+    with fastsearch's TIR pipeline (vector ``exp``), and the geometric mean with those ratios."""
+    same: dict[str, float] = {}
+    for wl in wl_ratios:
+        cps = [r["checkpoints"].get(str(n), {}) for r in runs if r["workload"] == wl]
+        ratios = [float(c["same_lowering_ratio"]) for c in cps if c.get("same_lowering_ratio")]
+        if ratios:
+            same[wl] = _geomean(ratios)
+    if not same:
+        return []
+    # the geometric mean with the same-lowering ratios in place of those workloads' ratios
+    swapped = [same.get(wl, ratio) for wl, ratio in wl_ratios.items()]
+    return [
+        (
+            "Same lowering (MetaSchedule's best also built with fastsearch's TIR pipeline, vector "
+            f"`exp`): {', '.join(f'{wl} {r:.3f}' for wl, r in same.items())}; geometric mean over "
+            f"{len(swapped)} workloads with these: {_geomean(swapped):.3f}."
+        ),
+        "",
+    ]
+
+
 def report(out_dir: Path) -> str:
     runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("run_*.json"))]
     if not runs:
@@ -340,6 +377,7 @@ def report(out_dir: Path) -> str:
             "|---|---:|---:|---|---:|---:|---:|---|",
         ]
         all_ratios: list[float] = []
+        wl_ratios: dict[str, float] = {}
         for wl in workloads:
             rs = [r for r in runs if r["workload"] == wl and str(n) in r["checkpoints"]]
             cps = [r["checkpoints"][str(n)] for r in rs]
@@ -353,6 +391,7 @@ def report(out_dir: Path) -> str:
             ratios = [_ratio(c) for _, c in ok]
             wl_ratio = _geomean(ratios)
             all_ratios.append(wl_ratio)
+            wl_ratios[wl] = wl_ratio
             walls = []
             parity = []
             for r, c in ok:
@@ -371,6 +410,7 @@ def report(out_dir: Path) -> str:
             f"Geometric mean of the latency ratio over {len(all_ratios)} workloads: **{_geomean(all_ratios):.3f}**",
             "",
         ]
+        lines += _same_lowering_lines(runs, n, wl_ratios)
 
     # search time per measured candidate
     fs_search = [r["fastsearch"]["timing"]["search"] / max(1, r["fastsearch"]["measured"]) for r in runs]

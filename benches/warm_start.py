@@ -33,7 +33,8 @@ from typing import Any
 
 from fastsearch.cli.main import load_workload
 from fastsearch.ir.target import resolve_target
-from fastsearch.measure.measurer import build_module
+from fastsearch.ir.vector_math import TIR_PIPELINE
+from fastsearch.measure.measurer import build_module_tvm_lowering
 from fastsearch.search.warm_start import WarmStart
 from fastsearch.tuning.tune import tune
 from tvm.s_tir import meta_schedule as ms
@@ -66,7 +67,7 @@ def _source_db(family: str, index: int, trials: int, out_dir: Path, metaschedule
             max_trials_global=trials,
             num_trials_per_iter=min(64, trials),
             seed=0,
-            builder=ms.builder.LocalBuilder(f_build=build_module),
+            builder=ms.builder.LocalBuilder(f_build=build_module_tvm_lowering),
         )
     else:
         tune(func, target, trials=trials, seed=0, work_dir=path, progress=False)
@@ -122,7 +123,10 @@ def run_family(
         if cold_best is not None and warm_best is not None:
             # in fresh processes, each timing both (benches/kernel_retime.py)
             rows = retime_in_processes(
-                [compile_record(cold_best, target), compile_record(warm_best, target)],
+                [
+                    compile_record(cold_best, target, TIR_PIPELINE),
+                    compile_record(warm_best, target, TIR_PIPELINE),
+                ],
                 func,
                 repeat,
                 processes,

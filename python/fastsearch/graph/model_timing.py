@@ -31,6 +31,7 @@ from tvm import relax
 
 from fastsearch.errors import MeasurementError, UnsupportedWorkload
 from fastsearch.ir.threads import kernel_threads, target_threads
+from fastsearch.ir.vector_math import TIR_PIPELINE
 
 __all__ = [
     "ORT_LEVELS",
@@ -332,11 +333,15 @@ def end_to_end(
     libraries = {"untuned": work / "model_untuned.so", "tuned": work / "model_tuned.so"}
     tvm.compile(source, target=result.target).export_library(str(libraries["untuned"]))
     tuned = result.best_module()
-    tvm.compile(tuned, target=result.target).export_library(str(libraries["tuned"]))
+    tvm.compile(tuned, target=result.target, tir_pipeline=TIR_PIPELINE).export_library(
+        str(libraries["tuned"])
+    )
     hollow = None
     if profile:
         hollow = work / "model_tuned_hollow.so"
-        tvm.compile(hollow_kernels(tuned), target=result.target).export_library(str(hollow))
+        tvm.compile(hollow_kernels(tuned), target=result.target, tir_pipeline=TIR_PIPELINE).export_library(
+            str(hollow)
+        )
     return time_in_fresh_processes(
         {n: str(p) for n, p in libraries.items()},
         inputs,

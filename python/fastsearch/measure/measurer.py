@@ -35,6 +35,7 @@ from fastsearch.errors import RemoteError
 from fastsearch.ir.machine import l2_cache_bytes
 from fastsearch.ir.target import device_type, physical_cores
 from fastsearch.ir.threads import kernel_threads_env
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.measure.builder import BuildPool, warm_worker
 
 if TYPE_CHECKING:
@@ -335,12 +336,25 @@ class RPCRunner:
 
 def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None = None) -> tvm.runtime.Module:
     """Build function of the builder workers: MetaSchedule's ``default_build`` without its import
-    of ``tvm.s_tir.tensor_intrin``.
+    of ``tvm.s_tir.tensor_intrin``, lowered with fastsearch's TIR pipeline (vector ``exp``:
+    :mod:`fastsearch.ir.vector_math`).
 
     That import registers every tensor intrinsic (tens of seconds per fresh worker process);
     intrinsics are needed where a trace is
     applied (``tensorize``), never to build the scheduled module.
     """
+    return _build(mod, target, TIR_PIPELINE)
+
+
+def build_module_tvm_lowering(
+    mod: IRModule, target: tvm.target.Target, _params: dict | None = None
+) -> tvm.runtime.Module:
+    """:func:`build_module` with TVM's default TIR pipeline: the code MetaSchedule's own builder
+    makes (benchmarks tune MetaSchedule with it)."""
+    return _build(mod, target, "default")
+
+
+def _build(mod: IRModule, target: tvm.target.Target, pipeline: str) -> tvm.runtime.Module:
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
     t0 = time.perf_counter()
@@ -354,7 +368,7 @@ def build_module(mod: IRModule, target: tvm.target.Target, _params: dict | None 
         instruments=[passes],
     ):
         mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-        built = tvm.driver.build(mod, target=target)
+        built = tvm.tirx.build(mod, target=target, pipeline=pipeline)
     total = time.perf_counter() - t0
     _last_build.clear()
     _last_build.update(passes=passes.seconds, codegen=max(0.0, total - passes.seconds))

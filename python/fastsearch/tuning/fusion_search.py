@@ -47,6 +47,7 @@ from fastsearch.graph.partition import (
     prepare,
 )
 from fastsearch.graph.relax_tasks import ModelTask, apply_database, extract_tasks, is_relax_module
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.tuning.options import FusionSearch, TuningPlan
 from fastsearch.tuning.result import FusionChange, FusionReport, TrialRecord, TuneResult
 
@@ -249,7 +250,9 @@ def _removed(
 
 def _compile(mod: IRModule, groups: list[list[int]], db: TuningDatabase, target: tvm.target.Target) -> Any:
     fused, _ = extract_tasks(mod, groups=groups)
-    return tvm.compile(apply_database(fused, db.ms_database, target), target=target)
+    return tvm.compile(
+        apply_database(fused, db.ms_database, target), target=target, tir_pipeline=TIR_PIPELINE
+    )
 
 
 def _close(out: np.ndarray, ref: np.ndarray) -> bool:

@@ -39,6 +39,7 @@ from fastsearch.graph.model_timing import model_inputs
 from fastsearch.graph.relax_tasks import ModelTask, extract_tasks, is_relax_module
 from fastsearch.ir.target import device_type, target_kind
 from fastsearch.ir.tir_import import program_json
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.measure.measurer import (
     FAILURE_KINDS,
     CandidateFault,
@@ -909,7 +910,7 @@ def _check_candidate(
         else:
             with tempfile.TemporaryDirectory(prefix="fastsearch_check_") as tmp:
                 path = os.path.join(tmp, "candidate.so")
-                tvm.compile(sch.mod, target=target).export_library(path)
+                tvm.compile(sch.mod, target=target, tir_pipeline=TIR_PIPELINE).export_library(path)
                 out = measurer.run_isolated(path, task.inputs, task.entry)
     except CandidateFault as fault:
         return fault.kind, f"{fault.kind} while checking its output: {fault}"
@@ -933,7 +934,7 @@ def _run_remote(
         path = res.artifact_path
         if rebuild or not path:
             path = os.path.join(tmp, "candidate.so")
-            tvm.compile(sch.mod, target=target).export_library(path)
+            tvm.compile(sch.mod, target=target, tir_pipeline=TIR_PIPELINE).export_library(path)
         session = remote.connect(60.0)
         remote_name = f"fastsearch_check_{os.getpid()}_{os.path.basename(path)}"
         session.upload(path, remote_name)

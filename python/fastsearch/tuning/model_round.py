@@ -40,6 +40,7 @@ from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
 from fastsearch.ir.relax_expr import is_tensor_constant
 from fastsearch.ir.threads import kernel_threads, target_threads
+from fastsearch.ir.vector_math import TIR_PIPELINE
 
 __all__ = ["ModelRound", "TaskChoice", "model_round"]
 
@@ -161,7 +162,7 @@ def model_round(
         applied = apply_database(fused, _variant_database(tops, j, target), target)
         masks.append(weight_positions(applied))
         path = folder / f"model{j}.so"
-        tvm.compile(applied, target=target).export_library(str(path))
+        tvm.compile(applied, target=target, tir_pipeline=TIR_PIPELINE).export_library(str(path))
         libraries.append(str(path))
     out.build_s = time.perf_counter() - t0
     t0 = time.perf_counter()

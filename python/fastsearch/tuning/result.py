@@ -15,6 +15,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from fastsearch.database import TuningDatabase
 from fastsearch.graph.relax_tasks import apply_database
+from fastsearch.ir.vector_math import TIR_PIPELINE
 from fastsearch.measure.measurer import build_seconds
 from fastsearch.search.sample import fresh_copy
 from fastsearch.search.warm_start import WarmStart
@@ -280,4 +281,4 @@ class TuneResult:
         were tuned on, call :func:`fastsearch.set_kernel_threads` before the first kernel runs
         (``fastsearch.set_kernel_threads(int(result.target.attrs["num-cores"]))``, or with no
         argument for every physical core), or set ``TVM_NUM_THREADS`` before Python starts."""
-        return tvm.compile(self.best_module(), target=self.target)
+        return tvm.compile(self.best_module(), target=self.target, tir_pipeline=TIR_PIPELINE)
