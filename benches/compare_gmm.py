@@ -62,6 +62,7 @@ def run_metaschedule(
     work: Path,
     default_builder: bool,
     measure_callbacks: Any = "default",
+    f_build: Any = build_module_tvm_lowering,
 ) -> tuple[Any, float | None]:
     """MetaSchedule's default tuning; returns its database and its best mean run time (us).
 
@@ -69,8 +70,9 @@ def run_metaschedule(
     default lowering (MetaSchedule's own minus the tensor-intrinsic import that every fresh
     build worker repeats, which alone can exceed the builder's 30 s timeout on a small
     machine): the code MetaSchedule's own builder makes, built as fast as fastsearch builds.
+    ``f_build`` replaces that build function (``build_module``: fastsearch's lowering).
     """
-    builder = "local" if default_builder else ms.builder.LocalBuilder(f_build=build_module_tvm_lowering)
+    builder = "local" if default_builder else ms.builder.LocalBuilder(f_build=f_build)
     db = ms.tune_tir(
         mod=func,
         target=target,

@@ -47,6 +47,7 @@ import tvm
 from fastsearch.cli.main import load_workload
 from fastsearch.ir.target import physical_cores, resolve_target
 from fastsearch.ir.vector_math import TIR_PIPELINE
+from fastsearch.measure.measurer import build_module, build_module_tvm_lowering
 from fastsearch.tuning import loop
 from fastsearch.tuning.options import TuningPlan
 from tvm.ir.utils import derived_object
@@ -117,6 +118,7 @@ def run_one(
     earlier_db: Path | None = None,
     processes: int = 4,
     rerank: bool = True,
+    ms_lowering: str = "tvm",
 ) -> dict[str, Any]:
     """One run (``rerank=False``: fastsearch without its re-ranking by per-store features); with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
     is not tuned again: its curve and profile are taken from that run, and its database from
@@ -146,7 +148,7 @@ def run_one(
         (work / "metaschedule").symlink_to(ms_dir.resolve(), target_is_directory=True)
     else:
         ms_dir = work / "metaschedule"
-        ms_wall, profile, ms_points = _tune_metaschedule(func, target, trials, seed, ms_dir)
+        ms_wall, profile, ms_points = _tune_metaschedule(func, target, trials, seed, ms_dir, ms_lowering)
     if keep is not None and not keep.exists():
         keep.mkdir(parents=True)
         for name in ("database_workload.json", "database_tuning_record.json"):
@@ -161,6 +163,8 @@ def run_one(
         "target": str(target),
         # the threads both tuners' kernels ran on, while tuning and re-timed
         "kernel_threads": os.environ.get("TVM_NUM_THREADS"),
+        # the TIR pipeline MetaSchedule's candidates were built with: "tvm" (its own) or "fastsearch"
+        "metaschedule_lowering": ms_lowering,
         "date": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "fastsearch": {
             "wall_s": fs_wall,
@@ -187,7 +191,9 @@ def run_one(
             "metaschedule_tuned_us": mean_us(ms_best) if ms_best else None,
         }
         if fs_best and ms_best:
-            entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes))
+            entry.update(
+                _retime_pair(fs_best, ms_best, func, target, repeat, processes, ms_lowering=ms_lowering)
+            )
         # parity: fastsearch's best during tuning reaches MetaSchedule's final (at n) best
         target_us = entry["metaschedule_tuned_us"]
         entry["parity"] = None
@@ -211,15 +217,18 @@ def _retime_pair(
     repeat: int,
     processes: int,
     device: str = "cpu",
+    ms_lowering: str = "tvm",
 ) -> dict[str, Any]:
     """Both bests compiled, each as its tuner builds it (fastsearch's with its TIR pipeline,
     MetaSchedule's with TVM's default), then timed together in ``processes`` fresh processes
     (:mod:`kernel_retime`) on ``device``: medians over processes and the median per-process
     ratio. Where the two pipelines build MetaSchedule's best differently (a kernel with
     ``exp``), that build is timed beside them too: ``same_lowering_ratio`` compares the two
-    schedules with one lowering."""
-    libs = [compile_record(fs_best, target, TIR_PIPELINE), compile_record(ms_best, target)]
-    same_lowering = device == "cpu" and uses_exp(replay_record(ms_best))
+    schedules with one lowering. ``ms_lowering="fastsearch"``: MetaSchedule was tuned with
+    fastsearch's lowering, and its best is built with it."""
+    ms_pipeline = TIR_PIPELINE if ms_lowering == "fastsearch" else "default"
+    libs = [compile_record(fs_best, target, TIR_PIPELINE), compile_record(ms_best, target, ms_pipeline)]
+    same_lowering = device == "cpu" and ms_pipeline == "default" and uses_exp(replay_record(ms_best))
     if same_lowering:
         libs.append(compile_record(ms_best, target, TIR_PIPELINE))
     per_process = retime_in_processes(libs, func, repeat, processes, device=device)
@@ -262,7 +271,10 @@ def retime_runs(out_dir: Path, repeat: int, processes: int) -> None:
                 entry["single_process"] = {
                     k: entry.get(k) for k in ("fastsearch_retimed_us", "metaschedule_retimed_us")
                 }
-            entry.update(_retime_pair(fs_best, ms_best, func, target, repeat, processes))
+            lowering = run.get("metaschedule_lowering", "tvm")
+            entry.update(
+                _retime_pair(fs_best, ms_best, func, target, repeat, processes, ms_lowering=lowering)
+            )
         path.write_text(json.dumps(run, indent=1))
         cp = run["checkpoints"][max(run["checkpoints"], key=int)]
         print(f"{path.name}: ratio {_ratio(cp):.3f}", file=sys.stderr, flush=True)
@@ -277,7 +289,7 @@ def _ratio(entry: dict[str, Any]) -> float:
 
 
 def _tune_metaschedule(
-    func: Any, target: tvm.target.Target, trials: int, seed: int, ms_dir: Path
+    func: Any, target: tvm.target.Target, trials: int, seed: int, ms_dir: Path, lowering: str = "tvm"
 ) -> tuple[float, dict[str, float], list[tuple[int, float, float | None]]]:
     t0 = time.perf_counter()
     curve_cb = _Curve(t0)
@@ -290,6 +302,7 @@ def _tune_metaschedule(
             ms_dir,
             default_builder=False,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), curve_cb],
+            f_build=build_module if lowering == "fastsearch" else build_module_tvm_lowering,
         )
     ms_wall = time.perf_counter() - t0
     profile = {k: float(v) for k, v in profiler.get().items()}
@@ -356,6 +369,15 @@ def report(out_dir: Path) -> str:
         ),
         "",
     ]
+    lowerings = sorted({r.get("metaschedule_lowering", "tvm") for r in runs})
+    if lowerings != ["tvm"]:
+        lines += [
+            (
+                f"MetaSchedule's candidates and bests built with: {', '.join(lowerings)} lowering "
+                "(`--metaschedule-lowering`; fastsearch's: vector `exp`)."
+            ),
+            "",
+        ]
     reused = sorted({r["metaschedule_from"] for r in runs if r.get("metaschedule_from")})
     if reused:
         lines += [
@@ -545,6 +567,13 @@ def main(argv: list[str] | None = None) -> int:
         "runs it lacks are tuned anew); fastsearch is tuned anew and both bests are re-timed together",
     )
     parser.add_argument(
+        "--metaschedule-lowering",
+        choices=["tvm", "fastsearch"],
+        default="tvm",
+        help="the TIR pipeline MetaSchedule's candidates and best are built with: TVM's default (what "
+        "its users get), or fastsearch's (vector exp), to compare the two searches on one lowering",
+    )
+    parser.add_argument(
         "--no-rerank",
         dest="rerank",
         action="store_false",
@@ -578,6 +607,14 @@ def main(argv: list[str] | None = None) -> int:
                             f"  {old} was tuned for another target: MetaSchedule is tuned anew",
                             file=sys.stderr,
                         )
+                    elif (
+                        stored is not None
+                        and stored.get("metaschedule_lowering", "tvm") != args.metaschedule_lowering
+                    ):
+                        print(
+                            f"  {old} was built with another lowering: MetaSchedule is tuned anew",
+                            file=sys.stderr,
+                        )
                     elif stored is not None:
                         earlier = stored
                         kept = Path(args.reuse_metaschedule) / "metaschedule" / old.stem
@@ -596,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
                     earlier_db,
                     args.retime_processes,
                     args.rerank,
+                    args.metaschedule_lowering,
                 )
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)
