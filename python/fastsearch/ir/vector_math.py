@@ -9,8 +9,9 @@ reduction (``x = n ln 2 + r``, ``|r| <= ln 2 / 2``), the degree-7 minimax polyno
 Cephes's ``expf`` uses for ``e^r``, and the scale ``2^n`` built from exponent bits in two
 exact halves, so that subnormal results round once. Within 2 ulp of the correctly rounded
 result over the whole float range (``tests/test_vector_math.py`` checks every input class:
-subnormal results, overflow to ``inf``, ``-inf`` to 0, NaN kept). Scalar ``exp`` and other
-types keep libm.
+subnormal results, overflow to ``inf``, ``-inf`` to 0, NaN kept). Vector ``sigmoid`` and
+``tanh``, which TVM lowers to formulas in ``exp``, get the same formulas on the vector ``exp``.
+Scalar calls and other types keep libm.
 
 The rewrite runs after TVM's lowering, so the scheduled TIR that fastsearch's sketches,
 features and database read is unchanged. It needs no library at run time: exported modules
@@ -40,6 +41,8 @@ TIR_PIPELINE = "fastsearch"
 MIN_LANES = 4
 
 _EXP = tvm.ir.Op.get("tirx.exp")
+_SIGMOID = tvm.ir.Op.get("tirx.sigmoid")
+_TANH = tvm.ir.Op.get("tirx.tanh")
 
 # exp(x) = 2^n e^r with n = floor(x log2(e) + 1/2) and r = x - n ln 2, ln 2 split in a part with
 # few significant bits (n * _LN2_HI is exact for |n| <= 150) and the rest.
@@ -102,13 +105,46 @@ def _float32_lanes(e: tvm.tirx.PrimExpr) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def vector_sigmoid(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """``1 / (1 + e^-x)`` (TVM's lowering of ``sigmoid``) with :func:`vector_exp`."""
+    lanes = _float32_lanes(x)
+    one = tirx.Broadcast(tirx.FloatImm("float32", 1.0), lanes)
+    return one / (one + vector_exp(tirx.Broadcast(tirx.FloatImm("float32", -1.0), lanes) * x))
+
+
+def vector_tanh(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """TVM's lowering of ``tanh`` for LLVM (``(1 - e^-2x) / (1 + e^-2x)`` for ``x >= 0``,
+    ``(e^2x - 1) / (e^2x + 1)`` below) with :func:`vector_exp`."""
+    lanes = _float32_lanes(x)
+    fvec = f"float32x{lanes}"
+
+    def const(v: float) -> tvm.tirx.PrimExpr:
+        return tirx.Broadcast(tirx.FloatImm("float32", v), lanes)
+
+    v = tirx.Var("tanh_x", fvec)
+    down, up = tirx.Var("tanh_down", fvec), tirx.Var("tanh_up", fvec)
+    pos = (const(1.0) - down) / (const(1.0) + down)
+    neg = (up - const(1.0)) / (up + const(1.0))
+    body = tirx.Let(
+        down,
+        vector_exp(const(-2.0) * v),
+        tirx.Let(up, vector_exp(const(2.0) * v), tirx.Select(tirx.GE(v, const(0.0)), pos, neg)),
+    )
+    return tirx.Let(v, x, body)
+
+
+#: The operators rewritten, and their vector forms.
+_VECTOR_FORMS = ((_EXP, vector_exp), (_SIGMOID, vector_sigmoid), (_TANH, vector_tanh))
+
+
 def _rewrite_call(call: Call) -> Any:
-    if not call.op.same_as(_EXP):
-        return call
-    lanes = _float32_lanes(call)
-    if lanes is None or lanes < MIN_LANES:
-        return call
-    return vector_exp(call.args[0])
+    for op, form in _VECTOR_FORMS:
+        if call.op.same_as(op):
+            lanes = _float32_lanes(call)
+            if lanes is None or lanes < MIN_LANES:
+                return call
+            return form(call.args[0])
+    return call
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="fastsearch.VectorExp")
