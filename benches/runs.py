@@ -90,10 +90,11 @@ def replay_record(rec: ms.database.TuningRecord) -> tvm.IRModule:
     return sch.mod
 
 
-def uses_exp(mod: tvm.IRModule) -> bool:
-    """Whether a scheduled module calls ``exp``: the kernels fastsearch's TIR pipeline builds
-    differently from TVM's default one."""
-    return "T.exp(" in mod.script()
+def lowering_differs(mod: tvm.IRModule) -> bool:
+    """Whether a scheduled module calls ``exp``, ``sigmoid`` or ``tanh``: the kernels
+    fastsearch's TIR pipeline can build differently from TVM's default one."""
+    text = mod.script()
+    return any(f"T.{op}(" in text for op in ("exp", "sigmoid", "tanh"))
 
 
 def best_within(

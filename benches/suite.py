@@ -60,11 +60,11 @@ from benches.runs import (
     compile_record,
     fastsearch_dir,
     keep_fastsearch,
+    lowering_differs,
     mean_us,
     metaschedule_dir,
     records_in_order,
     replay_record,
-    uses_exp,
 )
 
 #: Eight workloads from seven te_workload families, shapes of the MetaSchedule paper's CPU suite.
@@ -222,13 +222,13 @@ def _retime_pair(
     """Both bests compiled, each as its tuner builds it (fastsearch's with its TIR pipeline,
     MetaSchedule's with TVM's default), then timed together in ``processes`` fresh processes
     (:mod:`kernel_retime`) on ``device``: medians over processes and the median per-process
-    ratio. Where the two pipelines build MetaSchedule's best differently (a kernel with
-    ``exp``), that build is timed beside them too: ``same_lowering_ratio`` compares the two
+    ratio. Where the two pipelines can build MetaSchedule's best differently (a kernel with
+    ``exp``, ``sigmoid`` or ``tanh``), that build is timed beside them too: ``same_lowering_ratio`` compares the two
     schedules with one lowering. ``ms_lowering="fastsearch"``: MetaSchedule was tuned with
     fastsearch's lowering, and its best is built with it."""
     ms_pipeline = TIR_PIPELINE if ms_lowering == "fastsearch" else "default"
     libs = [compile_record(fs_best, target, TIR_PIPELINE), compile_record(ms_best, target, ms_pipeline)]
-    same_lowering = device == "cpu" and ms_pipeline == "default" and uses_exp(replay_record(ms_best))
+    same_lowering = device == "cpu" and ms_pipeline == "default" and lowering_differs(replay_record(ms_best))
     if same_lowering:
         libs.append(compile_record(ms_best, target, TIR_PIPELINE))
     per_process = retime_in_processes(libs, func, repeat, processes, device=device)
