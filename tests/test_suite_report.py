@@ -20,7 +20,7 @@ def test_the_line_swaps_in_the_same_lowering_ratios():
     runs = [_run("SFM:0", 64, 0.81), _run("SFM:0", 64, 1.0), _run("GMM:2", 64, None)]
     lines = _same_lowering_lines(runs, 64, {"SFM:0": 0.2, "GMM:2": 0.9})
     sfm = math.sqrt(0.81 * 1.0)
-    assert f"SFM:0 {sfm:.3f}" in lines[0]
+    assert f"SFM:0 {sfm:.3f};" in lines[0]
     assert f"{math.sqrt(sfm * 0.9):.3f}." in lines[0]
     assert "GMM:2" not in lines[0]
 
