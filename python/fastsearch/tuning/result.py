@@ -270,7 +270,9 @@ class TuneResult:
         return IRModule(funcs, attrs=self.mod.attrs)
 
     def compile(self) -> tvm.runtime.Executable:
-        """Build the tuned module for the target (``tvm.compile``); call its functions by name,
+        """Build the tuned module for the target (``tvm.compile`` with fastsearch's TIR pipeline,
+        :data:`fastsearch.ir.vector_math.TIR_PIPELINE`: vector ``exp``, as the candidates were
+        measured); call its functions by name,
         ``lib["main"](*tensors)``. For a Relax model it is a VM executable:
         ``tvm.relax.VirtualMachine(exe, device)["main"](*inputs)``.
 
