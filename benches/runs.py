@@ -13,6 +13,7 @@ from typing import Any
 
 import tvm
 from fastsearch.database import candidate_key
+from fastsearch.ir.vector_math import REWRITTEN_OPS
 from fastsearch.search.state import PREFIX
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
@@ -91,10 +92,11 @@ def replay_record(rec: ms.database.TuningRecord) -> tvm.IRModule:
 
 
 def lowering_differs(mod: tvm.IRModule) -> bool:
-    """Whether a scheduled module calls ``exp``, ``sigmoid`` or ``tanh``: the kernels
-    fastsearch's TIR pipeline can build differently from TVM's default one."""
+    """Whether a scheduled module calls an operator fastsearch's TIR pipeline rewrites
+    (:data:`~fastsearch.ir.vector_math.REWRITTEN_OPS`): the kernels it can build differently
+    from TVM's default one."""
     text = mod.script()
-    return any(f"T.{op}(" in text for op in ("exp", "sigmoid", "tanh"))
+    return any(f"T.{op}(" in text for op in REWRITTEN_OPS)
 
 
 def best_within(

@@ -227,10 +227,14 @@ def _retime_pair(
     schedules with one lowering. ``ms_lowering="fastsearch"``: MetaSchedule was tuned with
     fastsearch's lowering, and its best is built with it."""
     ms_pipeline = TIR_PIPELINE if ms_lowering == "fastsearch" else "default"
-    libs = [compile_record(fs_best, target, TIR_PIPELINE), compile_record(ms_best, target, ms_pipeline)]
-    same_lowering = device == "cpu" and ms_pipeline == "default" and lowering_differs(replay_record(ms_best))
+    ms_mod = replay_record(ms_best)
+    libs = [
+        compile_record(fs_best, target, TIR_PIPELINE),
+        tvm.compile(ms_mod, target=target, tir_pipeline=ms_pipeline),
+    ]
+    same_lowering = device == "cpu" and ms_pipeline == "default" and lowering_differs(ms_mod)
     if same_lowering:
-        libs.append(compile_record(ms_best, target, TIR_PIPELINE))
+        libs.append(tvm.compile(ms_mod, target=target, tir_pipeline=TIR_PIPELINE))
     per_process = retime_in_processes(libs, func, repeat, processes, device=device)
     out = summarize(per_process)
     if same_lowering:
@@ -331,8 +335,9 @@ def _threads_of(runs: list[dict[str, Any]]) -> str:
 
 
 def _same_lowering_lines(runs: list[dict[str, Any]], n: int, wl_ratios: dict[str, float]) -> list[str]:
-    """Workloads whose kernels call ``exp``: their ratio with MetaSchedule's best also built
-    with fastsearch's TIR pipeline (vector ``exp``), and the geometric mean with those ratios."""
+    """Workloads whose kernels call ``exp``, ``sigmoid`` or ``tanh``: their ratio with
+    MetaSchedule's best also built with fastsearch's TIR pipeline (vector ``exp``), and the
+    geometric mean with those ratios."""
     same: dict[str, float] = {}
     for wl in wl_ratios:
         cps = [r["checkpoints"].get(str(n), {}) for r in runs if r["workload"] == wl]

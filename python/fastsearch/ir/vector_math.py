@@ -32,7 +32,7 @@ from tvm import tirx
 from tvm.ir.expr import Call
 from tvm.tirx import compilation_pipeline
 
-__all__ = ["TIR_PIPELINE", "vector_exp", "vector_exp_pass"]
+__all__ = ["REWRITTEN_OPS", "TIR_PIPELINE", "vector_exp", "vector_exp_pass"]
 
 #: The name of the TIR pipeline with the vector ``exp`` (TVM's default, then :func:`vector_exp_pass`).
 TIR_PIPELINE = "fastsearch"
@@ -65,7 +65,7 @@ def vector_exp(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     fvec, ivec = f"float32x{lanes}", f"int32x{lanes}"
 
     def const(v: float) -> tvm.tirx.PrimExpr:
-        return tirx.Broadcast(tirx.FloatImm("float32", v), lanes)
+        return _splat(v, lanes)
 
     def pow2(k: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
         # 2^k for integral k in [-126, 127], from the exponent bits
@@ -99,6 +99,11 @@ def vector_exp(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
 _FLOAT32_VECTOR = re.compile(r"float32x(\d+)")
 
 
+def _splat(v: float, lanes: int) -> tvm.tirx.PrimExpr:
+    """A ``float32`` constant broadcast to ``lanes``."""
+    return tirx.Broadcast(tirx.FloatImm("float32", v), lanes)
+
+
 def _float32_lanes(e: tvm.tirx.PrimExpr) -> int | None:
     """The lanes of a fixed-width ``float32`` vector expression, else None."""
     m = _FLOAT32_VECTOR.fullmatch(str(e.ty))
@@ -108,33 +113,40 @@ def _float32_lanes(e: tvm.tirx.PrimExpr) -> int | None:
 def vector_sigmoid(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """``1 / (1 + e^-x)`` (TVM's lowering of ``sigmoid``) with :func:`vector_exp`."""
     lanes = _float32_lanes(x)
-    one = tirx.Broadcast(tirx.FloatImm("float32", 1.0), lanes)
-    return one / (one + vector_exp(tirx.Broadcast(tirx.FloatImm("float32", -1.0), lanes) * x))
+    assert lanes is not None
+    one = _splat(1.0, lanes)
+    return one / (one + vector_exp(_splat(-1.0, lanes) * x))
 
 
 def vector_tanh(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """TVM's lowering of ``tanh`` for LLVM (``(1 - e^-2x) / (1 + e^-2x)`` for ``x >= 0``,
-    ``(e^2x - 1) / (e^2x + 1)`` below) with :func:`vector_exp`."""
+    ``(e^2x - 1) / (e^2x + 1)`` below) with :func:`vector_exp`. Both branches read the same
+    ``t = e^-2|x|`` (below zero ``e^2x`` is ``t`` and the quotient is ``0 - (1 - t) / (1 + t)``,
+    bit for bit), so one ``exp`` serves where TVM's formula evaluates two."""
     lanes = _float32_lanes(x)
+    assert lanes is not None
     fvec = f"float32x{lanes}"
-
-    def const(v: float) -> tvm.tirx.PrimExpr:
-        return tirx.Broadcast(tirx.FloatImm("float32", v), lanes)
-
     v = tirx.Var("tanh_x", fvec)
-    down, up = tirx.Var("tanh_down", fvec), tirx.Var("tanh_up", fvec)
-    pos = (const(1.0) - down) / (const(1.0) + down)
-    neg = (up - const(1.0)) / (up + const(1.0))
+    t = tirx.Var("tanh_t", fvec)
+    one = _splat(1.0, lanes)
+    q = tirx.Var("tanh_q", fvec)
     body = tirx.Let(
-        down,
-        vector_exp(const(-2.0) * v),
-        tirx.Let(up, vector_exp(const(2.0) * v), tirx.Select(tirx.GE(v, const(0.0)), pos, neg)),
+        t,
+        vector_exp(_splat(-2.0, lanes) * tirx.call_intrin(fvec, "tirx.fabs", v)),
+        tirx.Let(
+            q,
+            (one - t) / (one + t),
+            tirx.Select(tirx.GE(v, _splat(0.0, lanes)), q, _splat(0.0, lanes) - q),
+        ),
     )
     return tirx.Let(v, x, body)
 
 
 #: The operators rewritten, and their vector forms.
 _VECTOR_FORMS = ((_EXP, vector_exp), (_SIGMOID, vector_sigmoid), (_TANH, vector_tanh))
+
+#: The names of the operators :func:`vector_exp_pass` rewrites (``T.exp`` ... in TVMScript).
+REWRITTEN_OPS = tuple(op.name.removeprefix("tirx.") for op, _ in _VECTOR_FORMS)
 
 
 def _rewrite_call(call: Call) -> Any:
