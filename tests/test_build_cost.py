@@ -10,20 +10,28 @@ import numpy as np
 import pytest
 import tvm
 from fake_measure import measure_until
+from fastsearch import _core as fastsearch_core
+from fastsearch.cli.main import load_workload
 from fastsearch.costmodel.build_time import MIN_BUILDS, BuildTimeModel
 from fastsearch.database import candidate_key
+from fastsearch.ir.target import resolve_target
 from fastsearch.search import guided
 from fastsearch.search.guided import (
     BUILD_POOL,
     BUILD_RANK_WEIGHT,
+    BUILD_SLOW_LOG2,
     BUILD_SLOW_SHARE,
+    PRIOR_FREE_STRIDED_LOG2,
     ModelGuidedSampler,
     prefer_cheap_builds,
+    prior_build_cost,
 )
 from fastsearch.search.state import SearchState
 from workloads import small
 
 TARGET = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+#: This host's CPU (its vector width decides which TBG candidates have strided lanes).
+HOST = resolve_target(None)
 
 
 def _proposals(keys: str) -> guided.Proposals:
@@ -235,3 +243,35 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     assert slow_off > 0, off  # the search alone does propose them here
     assert slow_on < slow_off, (on, off)
     assert slow_on <= max(1, int(16 * BUILD_SLOW_SHARE))
+
+
+def test_prior_build_cost_follows_strided_lanes():
+    names = fastsearch_core.CODE_SIZE_NAMES
+    rows = np.zeros((4, len(names)), dtype=np.float32)
+    rows[:, names.index("log_statements")] = 12.0  # large code without strided lanes: typical
+    rows[:, names.index("log_strided_lanes")] = [0.0, PRIOR_FREE_STRIDED_LOG2, 10.0, 14.0]
+    assert prior_build_cost(rows).tolist() == [1.0, 1.0, 4.0, 64.0]
+    assert prior_build_cost(rows[:0]).shape == (0,)
+
+
+def _prior_slow(sampler: ModelGuidedSampler, keys: list[str]) -> int:
+    return int((np.log2(prior_build_cost(sampler.program.code_sizes(keys))) >= BUILD_SLOW_LOG2).sum())
+
+
+def test_first_batch_keeps_prior_slow_builds_to_their_share():
+    """Before a task has builds to learn from, the prior holds candidates with many strided
+    vector lanes (TBG's transposes vectorized along their strided axis) to BUILD_SLOW_SHARE of
+    the batch; the same first batches without build cost hold more of them."""
+    func = load_workload("TBG:0").func
+    room = max(1, int(16 * BUILD_SLOW_SHARE))
+    off, on = [], []
+    for seed in range(4):
+        for build_cost, out in ((False, off), (True, on)):
+            sampler = ModelGuidedSampler(
+                func, HOST, "evolutionary", lambda: {}.items(), rerank=False, build_cost=build_cost
+            )
+            batch = sampler(func, HOST, 16, seed, set())
+            assert len(batch) == 16
+            out.append(_prior_slow(sampler, [c.key for c in batch]))
+    assert max(on) <= room, on
+    assert max(off) > room, off  # the search alone proposes them here

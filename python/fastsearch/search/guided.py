@@ -80,6 +80,14 @@ BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
 BUILD_SLOW_LOG2 = 2.0
 BUILD_SLOW_SHARE = 0.125
+#: Before a task has the builds to train its model on (its first batch), build cost is read
+#: from the one count that made every slow build seen: strided vector lanes, which LLVM
+#: expands lane by lane. A candidate's prior cost, against a typical 1, is 2 to the power of
+#: its ``log_strided_lanes`` above PRIOR_FREE_STRIDED_LOG2, so 1024 strided lanes or more
+#: count as slow. Measured on TBG:0's first batches (3 seeds), candidates with 1024 to 2048
+#: strided lanes built in 0.9 to 2.3 s, 4096 in 7.4 to 7.8 s and 16384 in 38.6 s, against a
+#: median of 0.1 s; one of those builds held up a batch of 16 on 2 build workers.
+PRIOR_FREE_STRIDED_LOG2 = 8.0
 
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
@@ -179,13 +187,27 @@ class ModelGuidedSampler:
         return trained
 
     def _prefer_cheap_builds(self, proposals: Proposals, want: int) -> Proposals:
-        """``proposals`` re-ranked by their predicted build seconds against the task's median
+        """``proposals`` re-ranked by their predicted build seconds (the model's, floored for
+        strided code by :func:`prior_build_cost` times the median build) against the task's median
         build (:func:`prefer_cheap_builds`)."""
         assert self.build_model is not None
         t0 = time.perf_counter()
-        predicted = self.build_model.predict(self._code_size_rows([key for key, _, _, _ in proposals]))
+        rows = self._code_size_rows([key for key, _, _, _ in proposals])
+        typical = float(np.median(list(self.builds.values())))
+        # The prior floors the model: a model that has seen no build with thousands of strided
+        # lanes predicts the slowest it has seen (on TBG:0 it let two 7.5 s builds into a batch).
+        predicted = self.build_model.predict(rows)
+        prior = prior_build_cost(rows)
+        predicted = np.where(prior > 1.0, np.maximum(predicted, typical * prior), predicted)
         self.timing["search"] += time.perf_counter() - t0
-        return prefer_cheap_builds(proposals, predicted, want, float(np.median(list(self.builds.values()))))
+        return prefer_cheap_builds(proposals, predicted, want, typical)
+
+    def _prior_costs(self, proposals: Proposals) -> np.ndarray:
+        """Prior build costs of ``proposals`` (:func:`prior_build_cost`)."""
+        t0 = time.perf_counter()
+        cost = prior_build_cost(self._code_size_rows([key for key, _, _, _ in proposals]))
+        self.timing["search"] += time.perf_counter() - t0
+        return cost
 
     def _measured(self) -> dict[str, float]:
         return {key: float(lat) for key, lat in self.history()}
@@ -269,21 +291,33 @@ class ModelGuidedSampler:
         generations = self.generations
         if generations is None and model is None and self.strategy == "evolutionary":
             generations = COLD_GENERATIONS
-        t0 = time.perf_counter()
-        proposals = self.program.propose(
-            self.core_target,
-            strategy=self.strategy,
-            n=pool,
-            seed=seed,
-            measured=known,
-            seeds=seeds,
-            population=self.population,
-            generations=generations,
-            model=model,
-            model_weight=weight,
-        )
-        self.timing["search"] += time.perf_counter() - t0
-        self.search_parts["propose"] += time.perf_counter() - t0
+
+        def propose(n: int) -> Proposals:
+            t0 = time.perf_counter()
+            out = self.program.propose(
+                self.core_target,
+                strategy=self.strategy,
+                n=n,
+                seed=seed,
+                measured=known,
+                seeds=seeds,
+                population=self.population,
+                generations=generations,
+                model=model,
+                model_weight=weight,
+            )
+            self.timing["search"] += time.perf_counter() - t0
+            self.search_parts["propose"] += time.perf_counter() - t0
+            return out
+
+        proposals = propose(pool)
+        # No builds of its own to learn from yet: the prior keeps slow builds out of the batch,
+        # from a larger pool when the first proposals hold more than their share of them.
+        cold_builds = self.build_model is not None and not cheap_builds
+        if cold_builds and proposals and len(proposals) < want * BUILD_POOL:
+            slow = np.log2(self._prior_costs(proposals[:want])) >= BUILD_SLOW_LOG2
+            if int(slow.sum()) > max(1, int(want * BUILD_SLOW_SHARE)):
+                proposals = propose(want * BUILD_POOL)
         reordered = None
         if warm_weight > 0 and self.warm is not None and proposals:
             t0 = time.perf_counter()
@@ -295,6 +329,8 @@ class ModelGuidedSampler:
             proposals = keep_exploring(proposals, reordered, want)
         if cheap_builds and proposals:
             proposals = self._prefer_cheap_builds(proposals, want)
+        elif cold_builds and proposals:
+            proposals = prefer_cheap_builds(proposals, self._prior_costs(proposals), want, typical_s=1.0)
         seeded = {c.key for c in first if isinstance(c, Candidate)}
         proposals = [p for p in proposals if p[0] not in seeded]
         proposals = proposals[:want]
@@ -378,6 +414,15 @@ def keep_exploring(proposals: Proposals, reordered: Proposals, want: int) -> Pro
         kept.extend(of_role[: round(len(of_role) * want / len(proposals))])
     taken = {p[0] for p in kept}
     return kept + [p for p in reordered if p[0] not in taken]
+
+
+def prior_build_cost(code_sizes: np.ndarray) -> np.ndarray:
+    """Prior build cost of candidates from their code-size rows (``_core.CODE_SIZE_NAMES``),
+    relative to a typical candidate's 1: ``2 ** (log_strided_lanes - PRIOR_FREE_STRIDED_LOG2)``,
+    at least 1."""
+    rows = np.asarray(code_sizes, dtype=np.float64).reshape(len(code_sizes), len(_core.CODE_SIZE_NAMES))
+    strided = rows[:, _core.CODE_SIZE_NAMES.index("log_strided_lanes")]
+    return np.exp2(np.maximum(0.0, strided - PRIOR_FREE_STRIDED_LOG2))
 
 
 def prefer_cheap_builds(
