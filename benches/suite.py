@@ -119,6 +119,7 @@ def run_one(
     processes: int = 4,
     rerank: bool = True,
     ms_lowering: str = "tvm",
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """One run (``rerank=False``: fastsearch without its re-ranking by per-store features); with ``earlier`` (a run JSON of the same workload, seed and trials), MetaSchedule
     is not tuned again: its curve and profile are taken from that run, and its database from
@@ -132,7 +133,16 @@ def run_one(
 
     t0 = time.perf_counter()
     # The loop itself, with the late re-ranking on or off (tune() has no such option).
-    plan = TuningPlan(target, trials, seed, work / "fastsearch", "main", progress=False, rerank=rerank)
+    plan = TuningPlan(
+        target,
+        trials,
+        seed,
+        work / "fastsearch",
+        "main",
+        progress=False,
+        rerank=rerank,
+        batch_size=batch_size,
+    )
     fs = loop.run(func, plan)
     fs_wall = time.perf_counter() - t0
     fs_points = [(h.trial, h.elapsed_s, h.latency_us) for h in fs.history]
@@ -172,6 +182,8 @@ def run_one(
             "measured": fs.trials_measured,
             "failed": fs.failed,
             "rerank": rerank,
+            # candidates per batch (None: the loop's default, 16 for a kernel of 64 trials or more)
+            "batch_size": batch_size,
             "curve": _curve(fs_points),
         },
         "metaschedule": {
@@ -334,6 +346,15 @@ def _threads_of(runs: list[dict[str, Any]]) -> str:
     return ", ".join(seen)
 
 
+def _batch_size_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's line on fastsearch's candidates per batch, where a run set ``--batch-size``."""
+    batches = sorted({r["fastsearch"].get("batch_size") or 0 for r in runs})
+    if batches == [0]:
+        return []
+    sizes = ", ".join(str(b) if b else "the default" for b in batches)
+    return [f"fastsearch's candidates per batch: {sizes} (`--batch-size`).", ""]
+
+
 def _same_lowering_lines(runs: list[dict[str, Any]], n: int, wl_ratios: dict[str, float]) -> list[str]:
     """Workloads whose kernels call ``exp``, ``sigmoid`` or ``tanh``: their ratio with
     MetaSchedule's best also built with fastsearch's TIR pipeline (vector ``exp``), and the
@@ -385,6 +406,7 @@ def report(out_dir: Path) -> str:
             ),
             "",
         ]
+    lines += _batch_size_lines(runs)
     reused = sorted({r["metaschedule_from"] for r in runs if r.get("metaschedule_from")})
     if reused:
         lines += [
@@ -586,6 +608,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="turn off fastsearch's re-ranking of proposals by the task's store-feature model",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="fastsearch's candidates per batch (default: the tuning loop's, 16 for 64 trials or more)",
+    )
     args = parser.parse_args(argv)
     # Both tuners' kernels run on every core, while tuning and re-timed (TVM's runtime alone would
     # use half the logical CPUs); a TVM_NUM_THREADS set by the caller wins.
@@ -641,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.retime_processes,
                     args.rerank,
                     args.metaschedule_lowering,
+                    args.batch_size,
                 )
                 res["metaschedule_from"] = str(args.reuse_metaschedule) if earlier else None
                 res["work_dir"] = str(work)

@@ -1,4 +1,4 @@
-"""The suite report's same-lowering line (``benches.suite``): where MetaSchedule's best was also
+"""The suite report's batch-size and same-lowering lines (``benches.suite``): where MetaSchedule's best was also
 timed built with fastsearch's TIR pipeline, the report gives that ratio per workload and the
 geometric mean with it in place of the workload's headline ratio."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from benches.suite import _same_lowering_lines
+from benches.suite import _batch_size_lines, _same_lowering_lines
 
 
 def _run(workload: str, n: int, same: float | None) -> dict:
@@ -29,3 +29,11 @@ def test_no_line_without_same_lowering_timings():
     runs = [_run("GMM:2", 64, None)]
     assert _same_lowering_lines(runs, 64, {"GMM:2": 0.9}) == []
     assert _same_lowering_lines([_run("SFM:0", 256, 0.9)], 64, {"SFM:0": 0.2}) == []
+
+
+def test_batch_size_line_only_where_a_run_set_one():
+    default = {"fastsearch": {"batch_size": None}}
+    older = {"fastsearch": {}}  # runs from before the option
+    assert _batch_size_lines([default, older]) == []
+    line = _batch_size_lines([default, {"fastsearch": {"batch_size": 8}}])[0]
+    assert line == "fastsearch's candidates per batch: the default, 8 (`--batch-size`)."
