@@ -251,6 +251,8 @@ def test_prior_build_cost_follows_strided_lanes():
     rows[:, names.index("log_statements")] = 12.0  # large code without strided lanes: typical
     rows[:, names.index("log_strided_lanes")] = [0.0, PRIOR_FREE_STRIDED_LOG2, 10.0, 14.0]
     assert prior_build_cost(rows).tolist() == [1.0, 1.0, 4.0, 64.0]
+    rows[1, :] = np.nan  # code the engine could not size
+    assert prior_build_cost(rows).tolist() == [1.0, 1.0, 4.0, 64.0]
     assert prior_build_cost(rows[:0]).shape == (0,)
 
 

@@ -419,9 +419,9 @@ def keep_exploring(proposals: Proposals, reordered: Proposals, want: int) -> Pro
 def prior_build_cost(code_sizes: np.ndarray) -> np.ndarray:
     """Prior build cost of candidates from their code-size rows (``_core.CODE_SIZE_NAMES``),
     relative to a typical candidate's 1: ``2 ** (log_strided_lanes - PRIOR_FREE_STRIDED_LOG2)``,
-    at least 1."""
+    at least 1. A candidate whose code could not be sized (a NaN row) counts as typical."""
     rows = np.asarray(code_sizes, dtype=np.float64).reshape(len(code_sizes), len(_core.CODE_SIZE_NAMES))
-    strided = rows[:, _core.CODE_SIZE_NAMES.index("log_strided_lanes")]
+    strided = np.nan_to_num(rows[:, _core.CODE_SIZE_NAMES.index("log_strided_lanes")], nan=0.0)
     return np.exp2(np.maximum(0.0, strided - PRIOR_FREE_STRIDED_LOG2))
 
 
