@@ -81,7 +81,12 @@ def compile_record(
     """The record's schedule, replayed on its workload and built for ``target`` with the TIR
     ``pipeline`` (TVM's ``"default"``, what MetaSchedule builds with, or fastsearch's
     :data:`~fastsearch.ir.vector_math.TIR_PIPELINE`)."""
-    return tvm.compile(replay_record(rec), target=target, tir_pipeline=pipeline)
+    return compile_module(replay_record(rec), target, pipeline)
+
+
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target, pipeline: str = "default") -> Any:
+    """A scheduled module (:func:`replay_record`'s) built for ``target`` with the TIR ``pipeline``."""
+    return tvm.compile(mod, target=target, tir_pipeline=pipeline)
 
 
 def replay_record(rec: ms.database.TuningRecord) -> tvm.IRModule:

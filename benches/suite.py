@@ -57,6 +57,7 @@ from benches.compare_gmm import run_metaschedule
 from benches.kernel_retime import pair, retime_in_processes, summarize
 from benches.runs import (
     best_within,
+    compile_module,
     compile_record,
     fastsearch_dir,
     keep_fastsearch,
@@ -242,11 +243,11 @@ def _retime_pair(
     ms_mod = replay_record(ms_best)
     libs = [
         compile_record(fs_best, target, TIR_PIPELINE),
-        tvm.compile(ms_mod, target=target, tir_pipeline=ms_pipeline),
+        compile_module(ms_mod, target, ms_pipeline),
     ]
     same_lowering = device == "cpu" and ms_pipeline == "default" and lowering_differs(ms_mod)
     if same_lowering:
-        libs.append(tvm.compile(ms_mod, target=target, tir_pipeline=TIR_PIPELINE))
+        libs.append(compile_module(ms_mod, target, TIR_PIPELINE))
     per_process = retime_in_processes(libs, func, repeat, processes, device=device)
     out = summarize(per_process)
     if same_lowering:

@@ -1,6 +1,7 @@
-"""The suite report's batch-size and same-lowering lines (``benches.suite``): where MetaSchedule's best was also
+"""Lines of the suite report (``benches.suite``). Same lowering: where MetaSchedule's best was also
 timed built with fastsearch's TIR pipeline, the report gives that ratio per workload and the
-geometric mean with it in place of the workload's headline ratio."""
+geometric mean with it in place of the workload's headline ratio. Batch size: named only where a
+run set ``--batch-size``."""
 
 from __future__ import annotations
 

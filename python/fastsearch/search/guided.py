@@ -316,7 +316,7 @@ class ModelGuidedSampler:
         cold_builds = self.build_model is not None and not cheap_builds
         if cold_builds and proposals and len(proposals) < want * BUILD_POOL:
             slow = np.log2(self._prior_costs(proposals[:want])) >= BUILD_SLOW_LOG2
-            if int(slow.sum()) > max(1, int(want * BUILD_SLOW_SHARE)):
+            if int(slow.sum()) > slow_build_room(want):
                 proposals = propose(want * BUILD_POOL)
         reordered = None
         if warm_weight > 0 and self.warm is not None and proposals:
@@ -425,6 +425,12 @@ def prior_build_cost(code_sizes: np.ndarray) -> np.ndarray:
     return np.exp2(np.maximum(0.0, strided - PRIOR_FREE_STRIDED_LOG2))
 
 
+def slow_build_room(want: int) -> int:
+    """How many proposals expected to build slowly a batch of ``want`` may hold:
+    :data:`BUILD_SLOW_SHARE` of it, one at least (so the build-time model keeps learning)."""
+    return max(1, int(want * BUILD_SLOW_SHARE))
+
+
 def prefer_cheap_builds(
     proposals: Proposals,
     predicted_s: np.ndarray,
@@ -448,7 +454,7 @@ def prefer_cheap_builds(
     shift = np.clip(ratio, *BUILD_LOG_CLIP)
     shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
     order = np.argsort(np.arange(len(proposals)) + weight * want * shift, kind="stable")
-    room = max(1, int(want * BUILD_SLOW_SHARE))
+    room = slow_build_room(want)
     kept: list[int] = []
     deferred: list[int] = []
     for i in order:
