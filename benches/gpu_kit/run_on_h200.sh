@@ -1,4 +1,4 @@
-#!/usr/bin/env bash
+# A bash script: run it as `bash run_on_h200.sh ...`, as the calls below do.
 # The far side of the GPU kit (benches/gpu_kit/README.md). Two device calls, the second made at
 # once after the first, while the machine is still warm (it keeps its files for about 30 s):
 #
@@ -98,13 +98,13 @@ setup() {
 run_check() {
   "$PY" -m benches.gpu_suite --check --out-dir "$DEST/check" 2>&1 | tee "$OUTDIR/check.log"
   local rc="${PIPESTATUS[0]}"
-  if [ "$rc" -eq 1 ] && [ -z "${TVM_CUDA_COMPILE_MODE:-}" ] && command -v nvcc > /dev/null; then
+  if [ "$rc" -eq 1 ] && [ -z "${TVM_CUDA_COMPILE_MODE:-}" ] && [ -n "$(command -v nvcc)" ]; then
     echo "== the check failed with nvrtc; again with TVM_CUDA_COMPILE_MODE=nvcc"
     export TVM_CUDA_COMPILE_MODE=nvcc
     "$PY" -m benches.gpu_suite --check --out-dir "$DEST/check" 2>&1 | tee -a "$OUTDIR/check.log"
     rc="${PIPESTATUS[0]}"
   fi
-  cp "$DEST/check/check.json" "$OUTDIR/" 2> /dev/null
+  if [ -f "$DEST/check/check.json" ]; then cp "$DEST/check/check.json" "$OUTDIR/"; fi
   return "$rc"
 }
 
@@ -127,8 +127,10 @@ case "${1:-}" in
     timeout $((BUDGET + 90)) "$PY" -m benches.gpu_suite $ARGS --budget-s "$BUDGET" --out-dir "$DEST/suite" 2>&1 \
       | tee "$OUTDIR/suite.log"
     rc="${PIPESTATUS[0]}"
-    "$PY" -m benches.gpu_suite --report --out-dir "$DEST/suite" > /dev/null 2>&1
-    cp "$DEST/suite/summary.json" "$DEST/suite/summary.md" "$OUTDIR/" 2> /dev/null
+    "$PY" -m benches.gpu_suite --report --out-dir "$DEST/suite" > "$OUTDIR/report.log" 2>&1
+    for f in summary.json summary.md; do
+      if [ -f "$DEST/suite/$f" ]; then cp "$DEST/suite/$f" "$OUTDIR/"; fi
+    done
     tar czf "$OUTDIR/gpu_suite_raw.tar.gz" -C "$DEST" suite
     echo "suite status $rc; summary and raw runs in $OUTDIR"
     exit "$rc"
