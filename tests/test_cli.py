@@ -76,6 +76,22 @@ def test_default_work_dir_is_under_the_current_directory(tmp_path):
     assert (tmp_path / "fastsearch_work" / "GMM_0" / RECORD_FILE).is_file()
 
 
+def test_timing_defaults_are_the_librarys():
+    """`fastsearch tune` times candidates as `fastsearch.tune` does unless told otherwise: its
+    --repeat, --number and --min-repeat-ms defaults come from MeasureConfig (they were once
+    written twice, and the command kept 20 ms repeats after the library's went to 10)."""
+    from fastsearch.cli.main import _parser
+    from fastsearch.measure.measurer import MeasureConfig
+
+    args = _parser().parse_args(["tune", "--workload", "GMM"])
+    defaults = MeasureConfig()
+    assert (args.repeat, args.number, args.min_repeat_ms) == (
+        defaults.repeat,
+        defaults.number,
+        defaults.min_repeat_ms,
+    )
+
+
 @pytest.mark.parametrize("cold", ["on", "off"])
 def test_cold_weights_option(cold, tmp_path):
     out = run("tune", "--workload", "GMM", "--small", "--trials", "2", "--no-progress", "--no-verify",

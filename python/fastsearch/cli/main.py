@@ -426,9 +426,17 @@ def _write_zoo_model(name: str, work_dir: str | None) -> str:
 
 def _measure_arguments(p: argparse.ArgumentParser) -> None:
     """How candidates are timed, and what is tried in the model's sequence."""
-    p.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
-    p.add_argument("--number", type=int, default=1, help="runs per repeat (raised to --min-repeat-ms)")
-    p.add_argument("--min-repeat-ms", type=int, default=20)
+    defaults = MeasureConfig()
+    p.add_argument("--repeat", type=int, default=defaults.repeat, help="timed repeats per candidate")
+    p.add_argument(
+        "--number", type=int, default=defaults.number, help="runs per repeat (raised to --min-repeat-ms)"
+    )
+    p.add_argument(
+        "--min-repeat-ms",
+        type=int,
+        default=defaults.min_repeat_ms,
+        help=f"shortest timed repeat in ms (default {defaults.min_repeat_ms})",
+    )
     p.add_argument(
         "--cache-flush",
         action="store_true",
