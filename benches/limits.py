@@ -84,6 +84,7 @@ from benches.runs import (
     metaschedule_dir,
     other_cpu_load,
     records_in_order,
+    suite_runs,
 )
 from benches.suite import DEFAULT_WORKLOADS
 
@@ -579,10 +580,7 @@ def suite_bests(suite_dir: Path, workload: str, func: Any, trials: int | None) -
     """(label, record) of each tuner's best within ``trials`` (default: the run's own) in
     every run of ``workload`` a ``benches.suite`` out-dir holds, as the suite picks them."""
     out = []
-    for path in sorted(suite_dir.glob("run_*.json")):
-        run = json.loads(path.read_text())
-        if run["workload"] != workload:
-            continue
+    for path, run in suite_runs(suite_dir, workload):
         n = trials or int(run["trials"])
         seed = f"seed {run['seed']}"
         fs_dir = fastsearch_dir(run, suite_dir, path.stem)

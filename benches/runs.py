@@ -45,6 +45,17 @@ def keep_fastsearch(work: Path, kept: Path) -> None:
                 out.write((work / name).read_bytes())
 
 
+def suite_runs(suite_dir: Path, workload: str, seed: int | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """(path, run) of every run of ``workload`` (of ``seed``, when given) that a ``benches.suite``
+    out-dir holds, in the order of their file names."""
+    out = []
+    for path in sorted(suite_dir.glob("run_*.json")):
+        run = json.loads(path.read_text())
+        if run["workload"] == workload and (seed is None or run["seed"] == seed):
+            out.append((path, run))
+    return out
+
+
 def fastsearch_dir(run: dict[str, Any], out_dir: Path, stem: str) -> Path | None:
     """A run's fastsearch work directory: still in its ``work_dir``, or unpacked from the copy the
     suite kept in ``out_dir/fastsearch/<stem>`` (None when neither exists)."""

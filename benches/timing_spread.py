@@ -17,7 +17,6 @@ median and the wall seconds per call.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -31,21 +30,20 @@ from fastsearch.measure.measurer import MeasureConfig, Measurer
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import LocalRunner, RunnerInput
 
-from benches.runs import fastsearch_dir, mean_us, records_in_order, replay_record
+from benches.runs import fastsearch_dir, mean_us, records_in_order, replay_record, suite_runs
 
 
-def picked_records(suite_dir: Path, workload: str, seed: int) -> list[tuple[str, Any]]:
-    """(label, record) of a suite run's best, lower-quartile and median measured candidates."""
-    stem_glob = f"run_{workload.replace(':', '_')}_s{seed}_t*.json"
-    paths = sorted(suite_dir.glob(stem_glob))
-    if not paths:
-        raise SystemExit(f"no run {stem_glob} in {suite_dir}")
-    path = paths[-1]
-    run = json.loads(path.read_text())
+def picked_records(suite_dir: Path, workload: str, func: Any, seed: int) -> list[tuple[str, Any]]:
+    """(label, record) of the best, lower-quartile and median measured candidates of the suite's
+    longest run of ``workload`` and ``seed``."""
+    runs = suite_runs(suite_dir, workload, seed)
+    if not runs:
+        raise SystemExit(f"no run of {workload}, seed {seed}, in {suite_dir}")
+    path, run = max(runs, key=lambda pr: int(pr[1]["trials"]))
     work = fastsearch_dir(run, suite_dir, path.stem)
     if work is None:
         raise SystemExit(f"{path.name}: fastsearch's database was not kept")
-    recs = [r for r in records_in_order(work, load_workload(workload).func) if math.isfinite(mean_us(r))]
+    recs = [r for r in records_in_order(work, func) if math.isfinite(mean_us(r))]
     recs.sort(key=mean_us)
     return [("best", recs[0]), ("quartile", recs[len(recs) // 4]), ("median", recs[len(recs) // 2])]
 
@@ -79,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     spreads: dict[int, list[float]] = {m: [] for m in lengths}
     call_s: dict[int, list[float]] = {m: [] for m in lengths}
     for workload in args.workloads:
-        picked = picked_records(Path(args.suite_dir).expanduser(), workload, args.seed)
         func = load_workload(workload).func
+        picked = picked_records(Path(args.suite_dir).expanduser(), workload, func, args.seed)
         args_info = ms.arg_info.ArgInfo.from_prim_func(func)
         # The Measurer builds as tuning does and holds the kernels' thread count while the
         # runners below (started inside it) time them.
@@ -117,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                         spreads[m].append(spread(means[m]))
                         call_s[m].append(statistics.median(secs[m]))
                         cells.append(
-                            f"{med:.1f}, {spread(means[m]):.3f}, {min(means[m]) / med:.3f}, "
-                            f"{statistics.median(secs[m]):.3f}"
+                            f"{med:.1f}, {spreads[m][-1]:.3f}, {min(means[m]) / med:.3f}, {call_s[m][-1]:.3f}"
                         )
                     line = f"| {workload} | {label} | " + " | ".join(cells) + " |"
                     lines.append(line)
