@@ -177,8 +177,10 @@ def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
     ((pool, reordered, out),) = seen
     assert len(pool) == RERANK_POOL * 8 and reordered != pool
     roles = {p[0]: p[3] for p in pool}
-    # A quarter of the pool explores new coarse shapes: a quarter of the batch still does.
-    assert sum(roles[k] == "shape" for k in batch) == 2
+    # A quarter of the pool explores new coarse shapes: a quarter of the batch still does, first
+    # (the re-ranked rest may hold more of them).
+    assert [roles[k] for k in batch[:2]] == ["shape", "shape"]
+    assert sum(roles[k] == "shape" for k in batch) >= 2
     assert batch == [p[0] for p in out[:8]]
     assert not set(batch) & set(history)
 
@@ -281,10 +283,11 @@ def test_state_files_are_per_task_and_shape(tmp_path):
 
 def test_analytical_model_waits_on_short_fma_chains_only_without_independent_work():
     """One accumulator vector fed by a 64-long reduction leaves the FMA units waiting on latency
-    (8x slower than 8 vectors); the same vector with the reduction outside and 8 independent
+    (8x slower than 8 vectors); the same vector with the reduction outside and 32 independent
     iterations of S2 around it does not, as out-of-order execution overlaps them. Loads count
     too: per reduction step, 8 vectors load 8 broadcasts of A and one vector of B (9 loads for 8
-    FMAs), one vector a broadcast and a vector (2 loads for 1 FMA)."""
+    FMAs), one vector a broadcast and a vector (2 loads for 1 FMA). With 8 iterations of S2,
+    LLVM unrolls them whole: one body of 8 accumulators and 9 loads, as 8 vectors at S3."""
     from workloads import matmul
 
     program = program_json(matmul(64))
@@ -297,12 +300,14 @@ def test_analytical_model_waits_on_short_fma_chains_only_without_independent_wor
 
     one_chain = genome([8, 4, 2, 1], [1, 4, 1, 16], [1, 64])
     eight_vectors = genome([2, 4, 1, 8], [1, 4, 1, 16], [1, 64])
-    overlapped = genome([2, 4, 8, 1], [1, 4, 1, 16], [64, 1])
-    a, b, c = _core.Program(program).analytical_scores(
-        _core.Target(2, vector_bytes=64), [one_chain, eight_vectors, overlapped]
+    overlapped = genome([2, 4, 8, 1], [1, 1, 4, 16], [64, 1])
+    unrolled = genome([2, 4, 8, 1], [1, 4, 1, 16], [64, 1])
+    a, b, c, d = _core.Program(program).analytical_scores(
+        _core.Target(2, vector_bytes=64), [one_chain, eight_vectors, overlapped, unrolled]
     )
     assert b - a == pytest.approx(np.log(8 / (9 / 8)), rel=0.05)
     assert c - a == pytest.approx(np.log(8 / 2), rel=0.05)
+    assert d - a == pytest.approx(np.log(8 / (9 / 8)), rel=0.05)
     # A core issuing one 512-bit FMA a cycle (Zen 4) needs half the chains: one vector waits
     # 4x, not 8x, and four vectors keep it busy.
     four_vectors = genome([4, 4, 1, 4], [1, 4, 1, 16], [1, 64])

@@ -52,7 +52,11 @@ struct LoopDim {
     spatial: bool,
 }
 
-/// Iteration variables each read of the block depends on, and its bytes per element.
+/// Iteration variables each read of the block depends on, and its bytes per element. An index
+/// that is linear once simplified with the variables' ranges depends on the variables it has a
+/// coefficient for: the te workloads' convolutions read their input at `co // 256 * 256 + rc`,
+/// which does not move with `co` when there is one group (counting `co` made every tile with
+/// many output channels read the input as often as the weights).
 fn read_vars(program: &Program, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
     let b = &program.blocks[block];
     b.reads
@@ -60,6 +64,18 @@ fn read_vars(program: &Program, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
         .map(|r| {
             let mut vars = BTreeSet::new();
             for (min, _) in &r.region {
+                if let Some(lin) = linear_in_iter_vars(min, b) {
+                    for (atom, c) in lin.terms.values() {
+                        if let Expr::Var(n) = atom {
+                            if let Some(i) = b.iter_vars.iter().position(|v| v.name == *n) {
+                                if *c != 0 {
+                                    vars.insert(i);
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
                 min.visit(&mut |e| {
                     if let Expr::Var(n) = e {
                         if let Some(i) = b.iter_vars.iter().position(|v| v.name == *n) {
@@ -515,13 +531,13 @@ fn estimate_tiled(
     e.vector_efficiency = vector_efficiency(inner, cx.contiguous_var, genome.vectorize, cx.lanes);
     let inlined_selects = inlined_selects(cx);
     let loaded_reads = memory_reads(program, genome, block);
-    e.compute_cycles = register_tile_cycles(cx, e, &levels, &loaded_reads, inlined_selects);
+    let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
+    e.compute_cycles = register_tile_cycles(cx, e, &levels, &loaded_reads, inlined_selects, unroll);
     // TVM vectorizes nothing when the contiguous axis has no S3 extent; what LLVM makes
     // of the unrolled inner nest can then be far faster than the scalar loop. Not with
     // padding inlined: its conditional loads keep LLVM from vectorizing (a depthwise
     // kernel at 70 us with its padding computed under the channel loop ran at 324 us
     // with the padding inlined).
-    let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
     let tvm_vectorizes = inner.is_some_and(|l| l.spatial && l.extent > 1.0) || inlined_selects > 0;
     let parallel_loops =
         parallel_loop_count(&nest[..parallel_prefix.min(nest.len())], genome.parallel);
@@ -581,15 +597,30 @@ fn inlined_selects(cx: &BlockContext) -> usize {
         .count()
 }
 
-/// Compute cycles of the register tile (S3, under R1); sets `e.accumulators`.
+/// Compute cycles of the register tile (S3, under R1; S2 x S3 when the nest below R0 is
+/// unrolled, [`unrolled_body`]); sets `e.accumulators`.
 fn register_tile_cycles(
     cx: &BlockContext,
     e: &mut BlockEstimate,
     levels: &[Vec<LoopDim>],
     loaded_reads: &[Vec<Vec<Expr>>],
     inlined_selects: usize,
+    unroll: f64,
 ) -> f64 {
     let lanes = cx.lanes;
+    if let Some(body) = unrolled_body(cx, levels, loaded_reads, unroll) {
+        e.accumulators = body.accumulators;
+        let vectors = (body.accumulators / lanes).max(1.0);
+        let spill = (vectors / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+            .max(1.0)
+            .powi(2);
+        let latency_bound = (cx.fma_chains / vectors).max(1.0);
+        let load_bound = (body.loads / body.fmas).max(1.0);
+        return cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
+            * spill
+            * latency_bound.max(load_bound)
+            * INLINED_SELECT_COST.powi(inlined_selects as i32);
+    }
     // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
     e.accumulators = levels[5].iter().map(|l| l.extent).product();
     // Accumulators share the registers with the operands in flight; beyond what is
@@ -642,6 +673,122 @@ fn register_tile_cycles(
         * spill
         * latency_bound.max(load_bound)
         * INLINED_SELECT_COST.powi(inlined_selects as i32)
+}
+
+/// The straight-line body LLVM sees below the R0 loops of a tiled block: accumulator points,
+/// operand loads and vector FMAs of one body.
+struct UnrolledBody {
+    accumulators: f64,
+    loads: f64,
+    fmas: f64,
+}
+
+/// The S2 R1 S3 nest as one body, when TVM's unrolling (steps up to `unroll`, after the
+/// innermost loop is vectorized; LLVM's own full unrolling up to [`LLVM_FULL_UNROLL_STEPS`])
+/// covers all of it: every access to the output then has a constant offset in the body, so
+/// LLVM keeps all S2 x S3 accumulators in registers across the R0 loop around it, and an
+/// operand loaded once serves every FMA of the body that uses it. MetaSchedule's best C1D:2
+/// kernel (seed 1 on the AVX-512 host) is of this kind: S2 4x2, R1 5, S3 1x32, unroll 64: 80
+/// FMAs on 16 accumulators per step of its channel loop, with 8 broadcasts and 20 weight
+/// loads, 146 us; the register tile alone (2 accumulators, 3 loads per 2 FMAs) had the model
+/// rank it 1.7x slower than a 16x16 S3 tile that ran at 180 us. None when the body is not
+/// unrolled whole or has no S2 loop to gain from.
+fn unrolled_body(
+    cx: &BlockContext,
+    levels: &[Vec<LoopDim>],
+    loaded_reads: &[Vec<Vec<Expr>>],
+    unroll: f64,
+) -> Option<UnrolledBody> {
+    let s2: f64 = levels[3].iter().map(|l| l.extent).product();
+    if s2 <= 1.0 {
+        return None;
+    }
+    let body: Vec<LoopDim> = [&levels[3], &levels[4], &levels[5]]
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect();
+    // TVM vectorizes the innermost loop before it unrolls: that loop is one step.
+    let vector = levels[5]
+        .last()
+        .filter(|l| l.spatial && l.extent > 1.0 && l.extent <= cx.genome.vectorize as f64);
+    let vector_extent = vector.map_or(1.0, |l| l.extent);
+    let steps: f64 = body.iter().map(|l| l.extent).product::<f64>() / vector_extent;
+    if steps > unroll.max(LLVM_FULL_UNROLL_STEPS) {
+        return None;
+    }
+    // The reduction's read of its own output is the accumulator: in registers, not loaded.
+    let output = cx.b.writes.first().map(|w| w.buffer);
+    let loads: f64 = loaded_reads
+        .iter()
+        .zip(&cx.b.reads)
+        .filter(|(_, r)| Some(r.buffer) != output)
+        .flat_map(|(loaded, _)| loaded)
+        .map(|indices| body_loads(cx, &body, vector, indices))
+        .sum();
+    let accumulators: f64 = body
+        .iter()
+        .filter(|l| l.spatial)
+        .map(|l| l.extent)
+        .product();
+    let fmas = steps * (vector_extent / cx.lanes).ceil();
+    // Without an R0 loop around the body, its accumulators are loaded into registers each time.
+    let r0: f64 = levels[2].iter().map(|l| l.extent).product();
+    let loads = if r0 <= 1.0 {
+        loads + (accumulators / cx.lanes).ceil()
+    } else {
+        loads
+    };
+    Some(UnrolledBody {
+        accumulators,
+        loads,
+        fmas,
+    })
+}
+
+/// Loads of one memory access (`indices`, over the block's iteration variables) in an unrolled
+/// body: one per distinct element it reads across the body's loops (CSE keeps one load of
+/// each), a vector load per `lanes` along the vectorized loop when it walks that loop with unit
+/// stride, a broadcast when it does not walk it, a load per lane otherwise. A loop counts when
+/// the access's linear form walks its variable (`co // 256` with `co < 256` does not); every
+/// loop counts where the index is not linear.
+fn body_loads(
+    cx: &BlockContext,
+    body: &[LoopDim],
+    vector: Option<&LoopDim>,
+    indices: &[Expr],
+) -> f64 {
+    let lins: Option<Vec<_>> = indices
+        .iter()
+        .map(|ix| linear_in_iter_vars(ix, cx.b))
+        .collect();
+    let walks = |var: usize| match &lins {
+        Some(lins) => {
+            let name = &cx.b.iter_vars[var].name;
+            lins.iter().any(|lin| {
+                lin.terms
+                    .values()
+                    .any(|(atom, c)| *c != 0 && matches!(atom, Expr::Var(n) if n == name))
+            })
+        }
+        None => true,
+    };
+    let vector_var = vector.map(|l| l.var);
+    let elems: f64 = body
+        .iter()
+        .filter(|l| Some(l.var) != vector_var && walks(l.var))
+        .map(|l| l.extent)
+        .product();
+    match vector {
+        Some(v) if walks(v.var) => {
+            if lins.is_some() && contiguous_along(cx.program, cx.block, indices, v.var) {
+                elems * (v.extent / cx.lanes).ceil()
+            } else {
+                elems * v.extent
+            }
+        }
+        _ => elems,
+    }
 }
 
 /// LLVM's vectorization of loop `nest[at]` with the loops inside it unrolled: (compute cycles,
