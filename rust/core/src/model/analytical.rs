@@ -750,8 +750,8 @@ fn unrolled_body(
 /// body: one per distinct element it reads across the body's loops (CSE keeps one load of
 /// each), a vector load per `lanes` along the vectorized loop when it walks that loop with unit
 /// stride, a broadcast when it does not walk it, a load per lane otherwise. A loop counts when
-/// the access's linear form walks its variable (`co // 256` with `co < 256` does not); every
-/// loop counts where the index is not linear.
+/// the access's linear form walks its variable (`co // 256` with `co < 256` does not), or,
+/// where an index is not linear, when its variable appears in the indices at all.
 fn body_loads(
     cx: &BlockContext,
     body: &[LoopDim],
@@ -762,16 +762,20 @@ fn body_loads(
         .iter()
         .map(|ix| linear_in_iter_vars(ix, cx.b))
         .collect();
-    let walks = |var: usize| match &lins {
-        Some(lins) => {
-            let name = &cx.b.iter_vars[var].name;
-            lins.iter().any(|lin| {
+    let walks = |var: usize| {
+        let name = &cx.b.iter_vars[var].name;
+        match &lins {
+            Some(lins) => lins.iter().any(|lin| {
                 lin.terms
                     .values()
                     .any(|(atom, c)| *c != 0 && matches!(atom, Expr::Var(n) if n == name))
-            })
+            }),
+            None => indices.iter().any(|ix| {
+                let mut seen = false;
+                ix.visit(&mut |e| seen |= matches!(e, Expr::Var(n) if n == name));
+                seen
+            }),
         }
-        None => true,
     };
     let vector_var = vector.map(|l| l.var);
     let elems: f64 = body
