@@ -28,6 +28,7 @@ def test_a_program_handle_gives_what_a_fresh_one_gives():
         "exploit",
         "shape",
         "structure",
+        "reduction",
         "random",
     }
 

@@ -62,7 +62,7 @@ pub use schedule::{apply_trace, apply_trace_to, apply_trace_to_gpu, Trace};
 pub use search::annealing::{anneal, AnnealingConfig};
 pub use search::evolution::{evolve, EvolutionConfig};
 pub use search::gpu::{evolve_gpu, GpuEvolutionConfig, GpuProposal, GpuScore};
-pub use search::{coarse_shape, structure, Proposal, Role, Scorer, SearchContext};
+pub use search::{coarse_shape, reduction_split, structure, Proposal, Role, Scorer, SearchContext};
 pub use sketch::{
     emit, emit_gpu, mutate, mutate_gpu, sample as sample_traces, sample_genomes, sample_gpu,
     sample_gpu_genomes, transfer, transfer_from_sibling, CpuTarget, Genome, GpuGenome, GpuRule,

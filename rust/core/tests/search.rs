@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use fastsearch_core::Program;
 use fastsearch_core::Rng;
 use fastsearch_core::{anneal, AnnealingConfig};
-use fastsearch_core::{coarse_shape, structure, Proposal, Role, SearchContext};
+use fastsearch_core::{coarse_shape, reduction_split, structure, Proposal, Role, SearchContext};
 use fastsearch_core::{evolve, EvolutionConfig};
 use fastsearch_core::{CpuTarget, Genome, Rule, SketchSpace};
 
@@ -219,6 +219,35 @@ fn late_batches_spend_their_share_on_shapes_not_measured() {
         keys(&evolve(&f.ctx(), &synthetic, &seeds, 16, &early, 8)),
         keys(&plain)
     );
+}
+
+#[test]
+fn late_batches_spend_their_share_on_reduction_splits_measured_least() {
+    let (f, focused, seeds) = sixteen_measured("gmm_512");
+    let exploring = EvolutionConfig {
+        reduction_share: 0.25,
+        structure_tries: 2,
+        novel_after: 16,
+        ..focused.clone()
+    };
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for g in &seeds {
+        *counts.entry(reduction_split(g)).or_insert(0) += 1;
+    }
+    let rare = |p: &[Proposal]| {
+        p.iter()
+            .filter(|x| x.role == Role::Reduction)
+            .map(|x| reduction_split(&x.genome))
+            .filter(|s| counts.get(s).copied().unwrap_or(0) < 2)
+            .collect::<HashSet<u64>>()
+            .len()
+    };
+    let plain = evolve(&f.ctx(), &synthetic, &seeds, 16, &focused, 8);
+    let exploring_batch = evolve(&f.ctx(), &synthetic, &seeds, 16, &exploring, 8);
+    assert_eq!(exploring_batch.len(), 16);
+    assert!(plain.iter().all(|x| x.role != Role::Reduction));
+    // A quarter of the batch: four reduction splits measured fewer than twice, one each.
+    assert_eq!(rare(&exploring_batch), 4);
 }
 
 #[test]

@@ -40,6 +40,11 @@ const LLVM_FULL_UNROLL_STEPS: f64 = 16.0;
 /// Largest unrolled body LLVM still vectorizes the loop around: 1x1 convolutions with 224
 /// steps ran at the best kernels' speed, with 448 and 512 eight times slower.
 const LLVM_MAX_BODY_STEPS: f64 = 256.0;
+/// Share of the register tile's reload traffic (stored and loaded again at every S2 step) that
+/// adds to its FMAs' time. Re-timed on GMM:2 (AVX-512 Xeon), one 8x32 register tile under an
+/// S2 loop of 256 steps with its C tile (256 KiB) in L2: R1 of 64, 32, 8 and 4 steps ran 927,
+/// 945, 1069 and 1400 us; the reload traffic is 0.08, 0.17, 0.67 and 1.34 of the FMAs' cycles.
+const ACCUMULATOR_RELOAD_WEIGHT: f64 = 0.4;
 /// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
 /// into it: every load of that input becomes a compare and a select.
 const INLINED_SELECT_COST: f64 = 1.2;
@@ -672,7 +677,34 @@ fn register_tile_cycles(
     cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
         * spill
         * latency_bound.max(load_bound)
+        * accumulator_reload(cx, vectors, s2, r1)
         * INLINED_SELECT_COST.powi(inlined_selects as i32)
+}
+
+/// Slowdown from storing the register tile's `vectors` accumulators and loading them again
+/// around every run of its R1-step chain, at each of `s2` S2 steps. With one S2 step LLVM keeps
+/// them in registers across the loops around R1 (it promotes stores to a fixed address); with
+/// more, each R0 step walks the S2 x S3 tile, from L1 while it fits there beside the operands
+/// (half of L1), else from L2. A ratio to the chain's FMA cycles, weighted by
+/// [`ACCUMULATOR_RELOAD_WEIGHT`].
+fn accumulator_reload(cx: &BlockContext, vectors: f64, s2: f64, r1: f64) -> f64 {
+    if s2 <= 1.0 {
+        return 1.0;
+    }
+    let out_bytes =
+        cx.b.writes
+            .first()
+            .map_or(4.0, |w| cx.program.buffers[w.buffer].element_bytes() as f64);
+    let vector_bytes = cx.lanes * out_bytes;
+    let tile_bytes = s2 * vectors * vector_bytes;
+    let bandwidth = if tile_bytes <= L1_BYTES / 2.0 {
+        L1_BW
+    } else {
+        L2_BW
+    };
+    let reload_cycles = 2.0 * vectors * vector_bytes / bandwidth;
+    let chain_cycles = r1 * vectors / (cx.fma_chains / FMA_LATENCY);
+    1.0 + ACCUMULATOR_RELOAD_WEIGHT * reload_cycles / chain_cycles
 }
 
 /// The straight-line body LLVM sees below the R0 loops of a tiled block: accumulator points,

@@ -55,6 +55,9 @@ pub enum Role {
     Shape,
     /// The best scored of a structure measured fewer than a few times ([`pick_structures`]).
     Structure,
+    /// The best scored of a reduction split measured fewer than a few times
+    /// ([`pick_reduction_splits`]).
+    Reduction,
     /// A random draw.
     Random,
 }
@@ -66,6 +69,7 @@ impl Role {
             Role::Exploit => "exploit",
             Role::Shape => "shape",
             Role::Structure => "structure",
+            Role::Reduction => "reduction",
             Role::Random => "random",
         }
     }
@@ -126,6 +130,24 @@ pub fn coarse_shape(genome: &Genome) -> u64 {
 /// reduced by rfactor), whatever its tile sizes and annotations.
 pub fn structure(genome: &Genome) -> u64 {
     hash_of(&genome.rules)
+}
+
+/// How a candidate splits its reductions: per tiled block, the outer factor of each reduction
+/// loop (a loop with fewer tile levels than the block's spatial loops). The outer factor says how
+/// many times the inner loops run around the register tile, and how much of each operand one
+/// pass of them holds; [`coarse_shape`] leaves it out.
+pub fn reduction_split(genome: &Genome) -> u64 {
+    let mut split: Vec<(usize, Vec<i64>)> = Vec::new();
+    for (block, loops) in &genome.tiles {
+        let levels = loops.iter().map(Vec::len).max().unwrap_or(0);
+        let outer = loops
+            .iter()
+            .filter(|f| f.len() < levels)
+            .map(|f| f[0])
+            .collect();
+        split.push((*block, outer));
+    }
+    hash_of(&split)
 }
 
 /// Picks up to `n` unmeasured proposals from `ranked` (best first), emitting keys lazily.
@@ -249,6 +271,31 @@ pub(crate) fn pick_structures<'a>(
 ) -> Vec<Proposal> {
     let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
     pick_one_per_class(ctx, ranked, n, structure, eligible, Role::Structure, taken)
+}
+
+/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
+/// [`reduction_split`], of splits `measured` holds fewer than `tries` times. The model rates
+/// most reduction splits of a compute-bound kernel alike, so without this share a run keeps
+/// the split its first batches happened to favour (GMM:2: one split in 133-215 of 256
+/// measurements, while MetaSchedule's best three used two others).
+pub(crate) fn pick_reduction_splits<'a>(
+    ctx: &SearchContext<'_>,
+    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
+    n: usize,
+    measured: &HashMap<u64, usize>,
+    tries: usize,
+    taken: &mut HashSet<String>,
+) -> Vec<Proposal> {
+    let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
+    pick_one_per_class(
+        ctx,
+        ranked,
+        n,
+        reduction_split,
+        eligible,
+        Role::Reduction,
+        taken,
+    )
 }
 
 /// Tops `out` up to `n` with random unmeasured draws (exploration, or a search that ran out).
