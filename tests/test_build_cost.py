@@ -21,6 +21,7 @@ from fastsearch.search.guided import (
     BUILD_RANK_WEIGHT,
     BUILD_SLOW_LOG2,
     BUILD_SLOW_SHARE,
+    BUILD_WIDE_POOL,
     PRIOR_FREE_STRIDED_LOG2,
     ModelGuidedSampler,
     prefer_cheap_builds,
@@ -243,6 +244,41 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     assert slow_off > 0, off  # the search alone does propose them here
     assert slow_on < slow_off, (on, off)
     assert slow_on <= max(1, int(16 * BUILD_SLOW_SHARE))
+
+
+def test_search_ranks_a_wider_pool_when_slow_builds_crowd_the_batch(monkeypatch):
+    """When the pool's fast proposals cannot fill the batch, the deferred slow ones would: the
+    sampler then ranks a pool BUILD_WIDE_POOL times the batch once, whose fast proposals fill it.
+    Here the first pool is the batch itself and no slow build is allowed (room 0), so any slow
+    proposal in it (the search alone proposes some here, as in the test above) crowds it."""
+    func = small("GMM")
+    history: dict[str, float] = {}
+    warmup = ModelGuidedSampler(
+        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, build_cost=False
+    )
+    measure_until(warmup, func, TARGET, history, 48)
+    statements = dict(zip(history, warmup.program.code_sizes(list(history))[:, 0], strict=True))
+    cut = float(np.quantile(list(statements.values()), 2 / 3))
+    builds = {k: (4.0 if statements[k] > cut else 0.1) for k in history}
+    spied: list[tuple] = []
+
+    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT):
+        spied.append((proposals, predicted, want, typical_s, weight))
+        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight)
+
+    monkeypatch.setattr(guided, "prefer_cheap_builds", spy)
+    monkeypatch.setattr(guided, "slow_build_room", lambda want: 0)
+    monkeypatch.setattr(guided, "BUILD_POOL", 1)
+    sampler = ModelGuidedSampler(
+        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, rerank=False
+    )
+    sampler.genomes.update(warmup.genomes)
+    sampler.record_builds(builds.items())
+    out = sampler(func, TARGET, 16, 7, set(history))
+    assert len(out) == 16
+    assert [len(p) for p, *_ in spied] == [16, BUILD_WIDE_POOL * 16]
+    assert sampler._slow_builds(prefer_cheap_builds(*spied[0])[:16]) > 0
+    assert sampler._slow_builds([(c.key, "", 0.0, "") for c in out]) == 0
 
 
 def test_prior_build_cost_follows_strided_lanes():

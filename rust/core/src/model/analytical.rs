@@ -11,7 +11,8 @@ use std::collections::BTreeSet;
 
 use crate::program::{Block, Expr, IterKind, OpCounts, Program};
 use crate::sketch::{
-    linear_in_iter_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache, UNROLL_CANDIDATES,
+    linear_in_iter_vars, walked_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache,
+    UNROLL_CANDIDATES,
 };
 
 /// Cache sizes and bandwidths of a typical x86 core, in bytes and bytes per cycle.
@@ -57,41 +58,34 @@ struct LoopDim {
     spatial: bool,
 }
 
-/// Iteration variables each read of the block depends on, and its bytes per element. An index
-/// that is linear once simplified with the variables' ranges depends on the variables it has a
-/// coefficient for: the te workloads' convolutions read their input at `co // 256 * 256 + rc`,
-/// which does not move with `co` when there is one group (counting `co` made every tile with
-/// many output channels read the input as often as the weights).
-fn read_vars(program: &Program, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
+/// Iteration variables each read of the block depends on, and its bytes per element: those its
+/// region walks ([`walked_vars`]; the sketch analysis keeps them per block). The te workloads'
+/// convolutions read their input at `co // 256 * 256 + rc`, which does not move with `co` when
+/// there is one group (counting `co` made every tile with many output channels read the input
+/// as often as the weights).
+fn read_vars(program: &Program, space: &SketchSpace, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
     let b = &program.blocks[block];
-    b.reads
-        .iter()
-        .map(|r| {
-            let mut vars = BTreeSet::new();
-            for (min, _) in &r.region {
-                if let Some(lin) = linear_in_iter_vars(min, b) {
-                    for (atom, c) in lin.terms.values() {
-                        if let Expr::Var(n) = atom {
-                            if let Some(i) = b.iter_vars.iter().position(|v| v.name == *n) {
-                                if *c != 0 {
-                                    vars.insert(i);
-                                }
-                            }
-                        }
-                    }
-                    continue;
-                }
-                min.visit(&mut |e| {
-                    if let Expr::Var(n) = e {
-                        if let Some(i) = b.iter_vars.iter().position(|v| v.name == *n) {
-                            vars.insert(i);
-                        }
-                    }
-                });
-            }
-            (vars, program.buffers[r.buffer].element_bytes() as f64)
-        })
-        .collect()
+    let bytes = |r: &crate::program::Access| program.buffers[r.buffer].element_bytes() as f64;
+    match space.infos.iter().find(|i| i.block == block) {
+        Some(info) => info
+            .read_walks
+            .iter()
+            .zip(&b.reads)
+            .map(|(vars, r)| (vars.clone(), bytes(r)))
+            .collect(),
+        None => b
+            .reads
+            .iter()
+            .map(|r| {
+                let vars = r
+                    .region
+                    .iter()
+                    .flat_map(|(min, _)| walked_vars(min, b).0)
+                    .collect();
+                (vars, bytes(r))
+            })
+            .collect(),
+    }
 }
 
 /// Elements of each read touched by the loops `inner`, and bytes moved into the cache that
@@ -462,7 +456,7 @@ pub fn estimate_block(
         ops,
         iterations,
         lanes,
-        reads: read_vars(program, block),
+        reads: read_vars(program, space, block),
         contiguous_var,
         cores: target.num_cores as f64,
         fma_chains: FMA_LATENCY * target.fma_per_cycle,
@@ -782,33 +776,21 @@ fn unrolled_body(
 /// body: one per distinct element it reads across the body's loops (CSE keeps one load of
 /// each), a vector load per `lanes` along the vectorized loop when it walks that loop with unit
 /// stride, a broadcast when it does not walk it, a load per lane otherwise. A loop counts when
-/// the access's linear form walks its variable (`co // 256` with `co < 256` does not), or,
-/// where an index is not linear, when its variable appears in the indices at all.
+/// one of the indices walks its variable ([`walked_vars`]: `co // 256` with `co < 256` does not).
 fn body_loads(
     cx: &BlockContext,
     body: &[LoopDim],
     vector: Option<&LoopDim>,
     indices: &[Expr],
 ) -> f64 {
-    let lins: Option<Vec<_>> = indices
-        .iter()
-        .map(|ix| linear_in_iter_vars(ix, cx.b))
-        .collect();
-    let walks = |var: usize| {
-        let name = &cx.b.iter_vars[var].name;
-        match &lins {
-            Some(lins) => lins.iter().any(|lin| {
-                lin.terms
-                    .values()
-                    .any(|(atom, c)| *c != 0 && matches!(atom, Expr::Var(n) if n == name))
-            }),
-            None => indices.iter().any(|ix| {
-                let mut seen = false;
-                ix.visit(&mut |e| seen |= matches!(e, Expr::Var(n) if n == name));
-                seen
-            }),
-        }
-    };
+    let mut walked = BTreeSet::new();
+    let mut linear = true;
+    for ix in indices {
+        let (vars, lin) = walked_vars(ix, cx.b);
+        walked.extend(vars);
+        linear &= lin;
+    }
+    let walks = |var: usize| walked.contains(&var);
     let vector_var = vector.map(|l| l.var);
     let elems: f64 = body
         .iter()
@@ -817,7 +799,7 @@ fn body_loads(
         .product();
     match vector {
         Some(v) if walks(v.var) => {
-            if lins.is_some() && contiguous_along(cx.program, cx.block, indices, v.var) {
+            if linear && contiguous_along(cx.program, cx.block, indices, v.var) {
                 elems * (v.extent / cx.lanes).ceil()
             } else {
                 elems * v.extent

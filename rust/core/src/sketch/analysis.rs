@@ -35,6 +35,10 @@ pub struct BlockInfo {
     /// Buffers read and written.
     pub reads: BTreeSet<usize>,
     pub writes: BTreeSet<usize>,
+    /// Per read of the block (in `Block::reads` order), the iteration variables its region
+    /// walks ([`super::walked_vars`]): what the analytical model's reuse counts depend on,
+    /// worked out once per program rather than per scored candidate.
+    pub read_walks: Vec<BTreeSet<usize>>,
 }
 
 /// Each leaf block with its enclosing loop extents and whether its bindings are exactly the
@@ -186,6 +190,16 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                 reduce_extent: extent_of(IterKind::Reduce),
                 reads,
                 writes,
+                read_walks: block
+                    .reads
+                    .iter()
+                    .map(|r| {
+                        r.region
+                            .iter()
+                            .flat_map(|(min, _)| super::walked_vars(min, block).0)
+                            .collect()
+                    })
+                    .collect(),
                 loop_extents,
             }
         })

@@ -764,6 +764,28 @@ pub fn linear_in_iter_vars(index: &Expr, block: &crate::program::Block) -> Optio
         .then_some(lin)
 }
 
+/// The iteration variables of `block` that `index` walks, and whether it is linear: those with a
+/// nonzero coefficient in [`linear_in_iter_vars`] (`co // 256 * 256 + rc` walks `rc` alone when
+/// `co < 256`), or, where a division or modulo remains, every variable that appears in it.
+pub fn walked_vars(index: &Expr, block: &crate::program::Block) -> (BTreeSet<usize>, bool) {
+    let position = |name: &str| block.iter_vars.iter().position(|v| v.name == name);
+    let mut vars = BTreeSet::new();
+    if let Some(lin) = linear_in_iter_vars(index, block) {
+        for (atom, c) in lin.terms.values() {
+            if let (Expr::Var(n), true) = (atom, *c != 0) {
+                vars.extend(position(n));
+            }
+        }
+        return (vars, true);
+    }
+    index.visit(&mut |e| {
+        if let Expr::Var(n) = e {
+            vars.extend(position(n));
+        }
+    });
+    (vars, false)
+}
+
 /// Spatial and reduction iteration variables of a block.
 pub(crate) fn spatial_reduce_counts(program: &Program, block: usize) -> (usize, usize) {
     let vars = &program.blocks[block].iter_vars;
