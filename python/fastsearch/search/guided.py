@@ -100,8 +100,9 @@ STRATEGIES: tuple[SearchName, ...] = get_args(SearchName)
 Proposals = list[tuple[str, str, float, str]]
 #: Roles of proposals (Rust's ``search::Role``) that keep their share of the batch when a
 #: re-ranking model reorders it: the late search's exploration of coarse shapes, structures and
-#: reduction splits the run has hardly measured. The re-ranking model is trained on the same records and trusts
-#: what it has not seen no more than the search's model does, so it would cut that share.
+#: reduction splits the run has hardly measured. The re-ranking model is trained on the same
+#: records and trusts what it has not seen no more than the search's model does, so it would cut
+#: that share.
 EXPLORING_ROLES = ("shape", "structure", "reduction")
 
 #: ``() -> [(key, mean latency in seconds or inf when failed)]`` of the task's measured records.
