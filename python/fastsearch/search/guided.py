@@ -190,6 +190,20 @@ class ModelGuidedSampler:
         self.timing["model"] += time.perf_counter() - t0
         return trained
 
+    def _reranked(
+        self, proposals: Proposals, measured: dict[str, float], want: int, warm_weight: float, late: bool
+    ) -> Proposals:
+        """``proposals`` re-ranked by the warm start's model (while ``warm_weight`` > 0) or, once
+        ``late``, by the per-store model, the exploring roles keeping their share of ``want``."""
+        reordered = None
+        if warm_weight > 0 and self.warm is not None and proposals:
+            t0 = time.perf_counter()
+            reordered = self._rerank(proposals, measured, warm_weight)
+            self.timing["model"] += time.perf_counter() - t0
+        elif late and proposals:
+            reordered = self._rerank_late(proposals, measured)
+        return proposals if reordered is None else keep_exploring(proposals, reordered, want)
+
     def _predicted_builds(self, proposals: Proposals) -> tuple[np.ndarray, float]:
         """Predicted build seconds of ``proposals`` (the model's, floored for strided code by
         :func:`prior_build_cost` times the median build) and the task's median build."""
@@ -335,15 +349,7 @@ class ModelGuidedSampler:
                 slow = np.log2(self._prior_costs(proposals[:want])) >= BUILD_SLOW_LOG2
                 if int(slow.sum()) > slow_build_room(want):
                     proposals = propose(want * BUILD_POOL)
-            reordered = None
-            if warm_weight > 0 and self.warm is not None and proposals:
-                t0 = time.perf_counter()
-                reordered = self._rerank(proposals, measured, warm_weight)
-                self.timing["model"] += time.perf_counter() - t0
-            elif late and proposals:
-                reordered = self._rerank_late(proposals, measured)
-            if reordered is not None:
-                proposals = keep_exploring(proposals, reordered, want)
+            proposals = self._reranked(proposals, measured, want, warm_weight, late)
             if cheap_builds and proposals:
                 proposals = self._prefer_cheap_builds(proposals, want)
             elif cold_builds and proposals:
