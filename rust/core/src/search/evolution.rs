@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use rayon::prelude::*;
 
 use super::{
-    coarse_shape, fill_random, identity, pick, pick_novel, pick_reduction_splits, pick_structures,
-    reduction_split, structure, Proposal, Scorer, SearchContext,
+    coarse_shape, fill_random, identity, pick, pick_novel, pick_rare, reduction_split, structure,
+    Proposal, Role, Scorer, SearchContext,
 };
 use crate::rng::Rng;
 use crate::sketch::{crossover, mutate, Genome};
@@ -196,18 +196,20 @@ pub fn evolve(
     }
     // Only picked genomes are cloned: the exploring picks may walk the whole ranking.
     let ranked_refs = || ranked.iter().map(|&(i, s)| (&seen.entries[i].0, s));
-    let mut out = pick_structures(
+    let mut out = pick_rare(
         ctx,
         ranked_refs(),
         n_structures,
+        (structure, Role::Structure),
         &structure_counts,
         config.structure_tries,
         &mut taken,
     );
-    out.extend(pick_reduction_splits(
+    out.extend(pick_rare(
         ctx,
         ranked_refs(),
         n_reductions,
+        (reduction_split, Role::Reduction),
         &split_counts,
         config.structure_tries,
         &mut taken,

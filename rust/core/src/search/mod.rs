@@ -53,10 +53,9 @@ pub enum Role {
     Exploit,
     /// The best scored of a coarse shape not measured yet ([`pick_novel`]).
     Shape,
-    /// The best scored of a structure measured fewer than a few times ([`pick_structures`]).
+    /// The best scored of a structure measured fewer than a few times ([`pick_rare`]).
     Structure,
-    /// The best scored of a reduction split measured fewer than a few times
-    /// ([`pick_reduction_splits`]).
+    /// The best scored of a reduction split measured fewer than a few times ([`pick_rare`]).
     Reduction,
     /// A random draw.
     Random,
@@ -257,45 +256,24 @@ pub(crate) fn pick_novel<'a>(
     pick_one_per_class(ctx, ranked, n, coarse_shape, eligible, Role::Shape, taken)
 }
 
-/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
-/// [`structure`], of structures `measured` holds fewer than `tries` times: the model's best guess
-/// at each structure the run has hardly tried. The model extrapolates worst to structures with
-/// few records, so without this share a run keeps measuring the structure it found first.
-pub(crate) fn pick_structures<'a>(
+/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per `class` of
+/// genome ([`structure`] or [`reduction_split`]), of classes `measured` holds fewer than `tries`
+/// times, each marked `role`: the model's best guess at each structure or reduction split the
+/// run has hardly tried. The model extrapolates worst to classes with few records, and rates most
+/// reduction splits of a compute-bound kernel alike, so without this share a run keeps measuring
+/// the structure or split it found first (GMM:2: one split in 133-215 of 256 measurements, while
+/// MetaSchedule's best three used two others).
+pub(crate) fn pick_rare<'a>(
     ctx: &SearchContext<'_>,
     ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
     n: usize,
+    (class, role): (fn(&Genome) -> u64, Role),
     measured: &HashMap<u64, usize>,
     tries: usize,
     taken: &mut HashSet<String>,
 ) -> Vec<Proposal> {
-    let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
-    pick_one_per_class(ctx, ranked, n, structure, eligible, Role::Structure, taken)
-}
-
-/// Picks up to `n` unmeasured proposals from `ranked` (best first), at most one per
-/// [`reduction_split`], of splits `measured` holds fewer than `tries` times. The model rates
-/// most reduction splits of a compute-bound kernel alike, so without this share a run keeps
-/// the split its first batches happened to favour (GMM:2: one split in 133-215 of 256
-/// measurements, while MetaSchedule's best three used two others).
-pub(crate) fn pick_reduction_splits<'a>(
-    ctx: &SearchContext<'_>,
-    ranked: impl IntoIterator<Item = (&'a Genome, f64)>,
-    n: usize,
-    measured: &HashMap<u64, usize>,
-    tries: usize,
-    taken: &mut HashSet<String>,
-) -> Vec<Proposal> {
-    let eligible = |s: u64| measured.get(&s).copied().unwrap_or(0) < tries;
-    pick_one_per_class(
-        ctx,
-        ranked,
-        n,
-        reduction_split,
-        eligible,
-        Role::Reduction,
-        taken,
-    )
+    let eligible = |c: u64| measured.get(&c).copied().unwrap_or(0) < tries;
+    pick_one_per_class(ctx, ranked, n, class, eligible, role, taken)
 }
 
 /// Tops `out` up to `n` with random unmeasured draws (exploration, or a search that ran out).
