@@ -5,6 +5,7 @@ loop feeds them to the search."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,20 +196,27 @@ def test_search_state_keeps_builds(tmp_path):
     assert SearchState(tmp_path, "fused/conv").load_builds() == {"k1": 0.25, "k2": 7.5}
 
 
-def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
-    """With builds recorded where the largest code builds 40x slower, the build-time model learns
-    it, the search proposes BUILD_POOL times the batch, and the batch holds fewer such
-    candidates than the same search without build cost."""
+def _gmm_with_builds() -> tuple[Any, dict[str, float], ModelGuidedSampler, dict[str, float], float]:
+    """A small GMM task with 48 (fake) measured candidates, its warm-up sampler, and builds that
+    follow the code's size, as LLVM's do: the largest third takes 40x longer than the rest
+    (statements above ``cut``)."""
     func = small("GMM")
     history: dict[str, float] = {}
     warmup = ModelGuidedSampler(
         func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, build_cost=False
     )
     measure_until(warmup, func, TARGET, history, 48)
-    # Builds follow the code's size, as LLVM's do: the largest third takes 40x longer.
     statements = dict(zip(history, warmup.program.code_sizes(list(history))[:, 0], strict=True))
     cut = float(np.quantile(list(statements.values()), 2 / 3))
     builds = {k: (4.0 if statements[k] > cut else 0.1) for k in history}
+    return func, history, warmup, builds, cut
+
+
+def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
+    """With builds recorded where the largest code builds 40x slower, the build-time model learns
+    it, the search proposes BUILD_POOL times the batch, and the batch holds fewer such
+    candidates than the same search without build cost."""
+    func, history, warmup, builds, cut = _gmm_with_builds()
     assert 0 < sum(s > 1 for s in builds.values()) < len(builds) / 2  # typically fast
     pools: list[int] = []
 
@@ -251,15 +259,7 @@ def test_search_ranks_a_wider_pool_when_slow_builds_crowd_the_batch(monkeypatch)
     sampler then ranks a pool BUILD_WIDE_POOL times the batch once, whose fast proposals fill it.
     Here the first pool is the batch itself and no slow build is allowed (room 0), so any slow
     proposal in it (the search alone proposes some here, as in the test above) crowds it."""
-    func = small("GMM")
-    history: dict[str, float] = {}
-    warmup = ModelGuidedSampler(
-        func, TARGET, "evolutionary", lambda: history.items(), population=64, generations=2, build_cost=False
-    )
-    measure_until(warmup, func, TARGET, history, 48)
-    statements = dict(zip(history, warmup.program.code_sizes(list(history))[:, 0], strict=True))
-    cut = float(np.quantile(list(statements.values()), 2 / 3))
-    builds = {k: (4.0 if statements[k] > cut else 0.1) for k in history}
+    func, history, warmup, builds, _ = _gmm_with_builds()
     spied: list[tuple] = []
 
     def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT):

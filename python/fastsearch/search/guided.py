@@ -231,7 +231,7 @@ class ModelGuidedSampler:
         if not proposals:
             return 0
         predicted, typical = self._predicted_builds(proposals)
-        return int((np.log2(np.maximum(predicted, 1e-9) / typical) >= BUILD_SLOW_LOG2).sum())
+        return int((build_log_ratio(predicted, typical) >= BUILD_SLOW_LOG2).sum())
 
     def _prior_costs(self, proposals: Proposals) -> np.ndarray:
         """Prior build costs of ``proposals`` (:func:`prior_build_cost`)."""
@@ -457,6 +457,12 @@ def prior_build_cost(code_sizes: np.ndarray) -> np.ndarray:
     return np.exp2(np.maximum(0.0, strided - PRIOR_FREE_STRIDED_LOG2))
 
 
+def build_log_ratio(predicted_s: np.ndarray, typical_s: float) -> np.ndarray:
+    """``log2`` of each predicted build over the typical build: at least
+    :data:`BUILD_SLOW_LOG2` is a slow build."""
+    return np.log2(np.maximum(np.asarray(predicted_s, dtype=np.float64), 1e-9) / typical_s)
+
+
 def slow_build_room(want: int) -> int:
     """How many proposals expected to build slowly a batch of ``want`` may hold:
     :data:`BUILD_SLOW_SHARE` of it, one at least (so the build-time model keeps learning)."""
@@ -482,7 +488,7 @@ def prefer_cheap_builds(
     typical = float(np.median(predicted)) if typical_s is None else float(typical_s)
     if not typical > 0:
         return proposals
-    ratio = np.log2(np.maximum(predicted, 1e-9) / typical)
+    ratio = build_log_ratio(predicted, typical)
     shift = np.clip(ratio, *BUILD_LOG_CLIP)
     shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
     order = np.argsort(np.arange(len(proposals)) + weight * want * shift, kind="stable")

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use crate::program::{Block, Expr, IterKind, OpCounts, Program};
 use crate::sketch::{
-    linear_in_iter_vars, walked_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache,
+    linear_in_iter_vars, read_walks, walked_vars, CpuTarget, Genome, Rule, SketchSpace, WriteCache,
     UNROLL_CANDIDATES,
 };
 
@@ -65,27 +65,25 @@ struct LoopDim {
 /// as often as the weights).
 fn read_vars(program: &Program, space: &SketchSpace, block: usize) -> Vec<(BTreeSet<usize>, f64)> {
     let b = &program.blocks[block];
-    let bytes = |r: &crate::program::Access| program.buffers[r.buffer].element_bytes() as f64;
-    match space.infos.iter().find(|i| i.block == block) {
-        Some(info) => info
-            .read_walks
-            .iter()
-            .zip(&b.reads)
-            .map(|(vars, r)| (vars.clone(), bytes(r)))
-            .collect(),
-        None => b
-            .reads
-            .iter()
-            .map(|r| {
-                let vars = r
-                    .region
-                    .iter()
-                    .flat_map(|(min, _)| walked_vars(min, b).0)
-                    .collect();
-                (vars, bytes(r))
-            })
-            .collect(),
-    }
+    let cached = space.infos.iter().find(|i| i.block == block);
+    let computed;
+    let walks = match cached {
+        Some(info) => &info.read_walks,
+        None => {
+            computed = read_walks(b);
+            &computed
+        }
+    };
+    walks
+        .iter()
+        .zip(&b.reads)
+        .map(|(vars, r)| {
+            (
+                vars.clone(),
+                program.buffers[r.buffer].element_bytes() as f64,
+            )
+        })
+        .collect()
 }
 
 /// Elements of each read touched by the loops `inner`, and bytes moved into the cache that

@@ -36,7 +36,7 @@ pub struct BlockInfo {
     pub reads: BTreeSet<usize>,
     pub writes: BTreeSet<usize>,
     /// Per read of the block (in `Block::reads` order), the iteration variables its region
-    /// walks ([`super::walked_vars`]): what the analytical model's reuse counts depend on,
+    /// walks ([`super::read_walks`]): what the analytical model's reuse counts depend on,
     /// worked out once per program rather than per scored candidate.
     pub read_walks: Vec<BTreeSet<usize>>,
 }
@@ -190,16 +190,7 @@ pub fn analyze(p: &Program) -> Vec<BlockInfo> {
                 reduce_extent: extent_of(IterKind::Reduce),
                 reads,
                 writes,
-                read_walks: block
-                    .reads
-                    .iter()
-                    .map(|r| {
-                        r.region
-                            .iter()
-                            .flat_map(|(min, _)| super::walked_vars(min, block).0)
-                            .collect()
-                    })
-                    .collect(),
+                read_walks: super::read_walks(block),
                 loop_extents,
             }
         })

@@ -786,6 +786,21 @@ pub fn walked_vars(index: &Expr, block: &crate::program::Block) -> (BTreeSet<usi
     (vars, false)
 }
 
+/// Per read of `block` (in `Block::reads` order), the iteration variables its region walks
+/// ([`walked_vars`] of each index).
+pub fn read_walks(block: &crate::program::Block) -> Vec<BTreeSet<usize>> {
+    block
+        .reads
+        .iter()
+        .map(|r| {
+            r.region
+                .iter()
+                .flat_map(|(min, _)| walked_vars(min, block).0)
+                .collect()
+        })
+        .collect()
+}
+
 /// Spatial and reduction iteration variables of a block.
 pub(crate) fn spatial_reduce_counts(program: &Program, block: usize) -> (usize, usize) {
     let vars = &program.blocks[block].iter_vars;
