@@ -79,3 +79,36 @@ fn the_body_counts_as_one_register_tile_only_when_unrolled_whole() {
         "rolled {rolled}, unrolled {unrolled}"
     );
 }
+
+/// The whole reduction at R1 (rl 5 x rc 64) under S2 `l`, around an S3 tile of `rows` output
+/// positions by `width` channels, with unroll 16 (too shallow to unroll the body).
+fn whole_reduction_at_r1(p: &Program, rows: i64, width: i64) -> Genome {
+    let tiles = format!(
+        "[2,1,{},{rows}],[{},1,1,{width}],[1,5],[4,64]",
+        32 / rows,
+        256 / width
+    );
+    genome(
+        p,
+        r#"{"ComputeAt":{"host":HOST,"depth":2}}"#,
+        "Global",
+        &tiles,
+        1,
+    )
+}
+
+#[test]
+fn a_tile_with_slack_at_every_issue_limit_outranks_one_at_a_limit() {
+    let p = c1d();
+    let space = SketchSpace::new(&p);
+    let t = target();
+    let cycles =
+        |rows, width| estimate_cycles(&p, &space, &whole_reduction_at_r1(&p, rows, width), &t);
+    // Re-timed side by side: 16 accumulator vectors at 160 us (8 x 32) and 161 (4 x 64);
+    // 8 vectors, exactly the chains the FMA latency needs, at 184 (4 x 32) and 218 (2 x 64);
+    // 16 vectors with 17 loads per 16 FMAs (16 x 16) at 193.
+    let (best, latency_bound) = (cycles(8, 32), cycles(4, 32));
+    assert!(best < latency_bound, "8x32 {best}, 4x32 {latency_bound}");
+    assert!(cycles(4, 64) < cycles(2, 64));
+    assert!(best < cycles(16, 16));
+}

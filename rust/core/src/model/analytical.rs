@@ -46,6 +46,12 @@ const LLVM_MAX_BODY_STEPS: f64 = 256.0;
 /// S2 loop of 256 steps with its C tile (256 KiB) in L2: R1 of 64, 32, 8 and 4 steps ran 927,
 /// 945, 1069 and 1400 us; the reload traffic is 0.08, 0.17, 0.67 and 1.34 of the FMAs' cycles.
 const ACCUMULATOR_RELOAD_WEIGHT: f64 = 0.4;
+/// Sharpness of the soft maximum of the register tile's three issue limits ([`issue_bound`]).
+/// Re-timed on C1D:2 (AVX-512 Xeon), one S2 x R1 x S3 nest with the whole reduction at R1:
+/// 16 accumulator vectors in an 8x2 tile ran at 160 us, 8 vectors at 184 (4x2), 209 (8x1) and
+/// 218 (2x4), 16 in a 16x1 tile (17 loads per 16 FMAs) at 193. A hard maximum scored all of
+/// them alike; with 4 it ranks them in the measured order, within 10% of the measured ratios.
+const ISSUE_SOFTNESS: f64 = 4.0;
 /// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
 /// into it: every load of that input becomes a compare and a select.
 const INLINED_SELECT_COST: f64 = 1.2;
@@ -611,11 +617,9 @@ fn register_tile_cycles(
         let spill = (vectors / (VECTOR_REGISTERS - OPERAND_REGISTERS))
             .max(1.0)
             .powi(2);
-        let latency_bound = (cx.fma_chains / vectors).max(1.0);
-        let load_bound = (body.loads / body.fmas).max(1.0);
         return cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
             * spill
-            * latency_bound.max(load_bound)
+            * issue_bound(cx.fma_chains / vectors, body.loads / body.fmas)
             * INLINED_SELECT_COST.powi(inlined_selects as i32);
     }
     // The reduction loop R1 sits between S2 and S3: only S3 stays in registers.
@@ -634,7 +638,6 @@ fn register_tile_cycles(
     let s2: f64 = levels[3].iter().map(|l| l.extent).product();
     let overlap = (OOO_WINDOW_FMAS / (r1 * vectors)).clamp(1.0, s2.max(1.0));
     let chains = vectors * overlap;
-    let latency_bound = (cx.fma_chains / chains).max(1.0);
     // Every step of R1 loads the register tile's operands: a vector per `lanes`
     // elements along the vectorized loop, a broadcast per element otherwise. With as
     // many load ports as FMA units, more loads than accumulator vectors wait on loads.
@@ -665,10 +668,9 @@ fn register_tile_cycles(
             }
         })
         .sum();
-    let load_bound = (loads / vectors).max(1.0);
     cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
         * spill
-        * latency_bound.max(load_bound)
+        * issue_bound(cx.fma_chains / chains, loads / vectors)
         * accumulator_reload(cx, vectors, s2, r1)
         * INLINED_SELECT_COST.powi(inlined_selects as i32)
 }
@@ -697,6 +699,14 @@ fn accumulator_reload(cx: &BlockContext, vectors: f64, s2: f64, r1: f64) -> f64 
     let reload_cycles = 2.0 * vectors * vector_bytes / bandwidth;
     let chain_cycles = r1 * vectors / (cx.fma_chains / FMA_LATENCY);
     1.0 + ACCUMULATOR_RELOAD_WEIGHT * reload_cycles / chain_cycles
+}
+
+/// Slowdown of a register tile over its FMA issue rate from the other two limits on it: the
+/// FMA latency (`latency`: chains needed over chains in flight) and the load ports (`loads`:
+/// loads per FMA, with as many load ports as FMA units). A soft maximum: a tile at exactly one
+/// limit still loses to one with slack, since any stall then idles the FMA units.
+fn issue_bound(latency: f64, loads: f64) -> f64 {
+    (1.0 + latency.powf(ISSUE_SOFTNESS) + loads.powf(ISSUE_SOFTNESS)).powf(1.0 / ISSUE_SOFTNESS)
 }
 
 /// The straight-line body LLVM sees below the R0 loops of a tiled block: accumulator points,
@@ -853,13 +863,12 @@ fn llvm_vector_cycles(
         .sum::<f64>()
         + 2.0 * points;
     let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
-    let latency = (cx.fma_chains / (points * overlap)).max(1.0);
     let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
         .max(1.0)
         .powi(2);
     let cycles = cx.flops / (cx.flops_per_cycle * eff)
         * spill
-        * latency.max((loads / fmas).max(1.0))
+        * issue_bound(cx.fma_chains / (points * overlap), loads / fmas)
         * INLINED_SELECT_COST.powi(inlined_selects as i32);
     (cycles, eff, points)
 }
