@@ -104,7 +104,7 @@ fn a_tile_with_slack_at_every_issue_limit_outranks_one_at_a_limit() {
     let t = target();
     let cycles =
         |rows, width| estimate_cycles(&p, &space, &whole_reduction_at_r1(&p, rows, width), &t);
-    // Re-timed side by side: 16 accumulator vectors at 160 us (8 x 32) and 161 (4 x 64);
+    // Timed twice in one session: 16 accumulator vectors at 160 us (8 x 32) and 161 (4 x 64);
     // 8 vectors, exactly the chains the FMA latency needs, at 184 (4 x 32) and 218 (2 x 64);
     // 16 vectors with 17 loads per 16 FMAs (16 x 16) at 193.
     let (best, latency_bound) = (cycles(8, 32), cycles(4, 32));

@@ -47,10 +47,10 @@ const LLVM_MAX_BODY_STEPS: f64 = 256.0;
 /// 945, 1069 and 1400 us; the reload traffic is 0.08, 0.17, 0.67 and 1.34 of the FMAs' cycles.
 const ACCUMULATOR_RELOAD_WEIGHT: f64 = 0.4;
 /// Sharpness of the soft maximum of the register tile's three issue limits ([`issue_bound`]).
-/// Re-timed on C1D:2 (AVX-512 Xeon), one S2 x R1 x S3 nest with the whole reduction at R1:
+/// Timed on C1D:2 (AVX-512 Xeon), one S2 x R1 x S3 nest with the whole reduction at R1:
 /// 16 accumulator vectors in an 8x2 tile ran at 160 us, 8 vectors at 184 (4x2), 209 (8x1) and
-/// 218 (2x4), 16 in a 16x1 tile (17 loads per 16 FMAs) at 193. A hard maximum scored all of
-/// them alike; with 4 it ranks them in the measured order, within 10% of the measured ratios.
+/// 218 (2x4), 16 in a 16x1 tile (17 loads per 16 FMAs) at 193. A hard maximum scored the 8x2
+/// and 4x2 tiles alike; with 4 the 8x2 tile ranks first and the others 1.15-1.3x behind it.
 const ISSUE_SOFTNESS: f64 = 4.0;
 /// Slowdown of a tiled block's arithmetic when a conditional producer (padding) is inlined
 /// into it: every load of that input becomes a compare and a select.
