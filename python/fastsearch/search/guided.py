@@ -346,7 +346,7 @@ class ModelGuidedSampler:
             # No builds of its own to learn from yet: the prior keeps slow builds out of the
             # batch, from a larger pool when the first proposals hold more than their share.
             if cold_builds and proposals and len(proposals) < want * BUILD_POOL:
-                slow = np.log2(self._prior_costs(proposals[:want])) >= BUILD_SLOW_LOG2
+                slow = build_log_ratio(self._prior_costs(proposals[:want]), 1.0) >= BUILD_SLOW_LOG2
                 if int(slow.sum()) > slow_build_room(want):
                     proposals = propose(want * BUILD_POOL)
             proposals = self._reranked(proposals, measured, want, warm_weight, late)
