@@ -38,6 +38,14 @@ const OPERAND_REGISTERS: f64 = 4.0;
 /// channel loop vectorizes along the channels with any unroll depth, one with 28 or 32 steps
 /// runs 5-20x slower without unrolling; a depthwise one with 72 needs unroll 512.
 const LLVM_FULL_UNROLL_STEPS: f64 = 16.0;
+/// Steps of vector FMAs (TVM vectorized the innermost loop) LLVM fully unrolls on its own: its
+/// threshold counts instructions, and a vector step is a few. Only with an unroll pragma
+/// (any depth) or a write cache (a local accumulator LLVM promotes to registers): straight
+/// into the output with neither, the accumulators stay in memory. C1D:2's 80-step bodies
+/// (S2 co 2 x R1 5 x S3 l 8, and S2 l 4 x co 2 x R1 5 x S3 co 32) re-timed in 4 fresh
+/// processes (AVX-512 Xeon): 161-176 us with unroll 16, 64 or 512 and with a write cache at
+/// unroll 0; 620 and 217 us writing the output directly at unroll 0.
+const LLVM_FULL_UNROLL_VECTOR_STEPS: f64 = 80.0;
 /// Largest unrolled body LLVM still vectorizes the loop around: 1x1 convolutions with 224
 /// steps ran at the best kernels' speed, with 448 and 512 eight times slower.
 const LLVM_MAX_BODY_STEPS: f64 = 256.0;
@@ -535,7 +543,15 @@ fn estimate_tiled(
     let inlined_selects = inlined_selects(cx);
     let loaded_reads = memory_reads(program, genome, block);
     let unroll = UNROLL_CANDIDATES.get(genome.unroll).copied().unwrap_or(0) as f64;
-    e.compute_cycles = register_tile_cycles(cx, e, &levels, &loaded_reads, inlined_selects, unroll);
+    e.compute_cycles = register_tile_cycles(
+        cx,
+        e,
+        &levels,
+        &loaded_reads,
+        cache,
+        inlined_selects,
+        unroll,
+    );
     // TVM vectorizes nothing when the contiguous axis has no S3 extent; what LLVM makes
     // of the unrolled inner nest can then be far faster than the scalar loop. Not with
     // padding inlined: its conditional loads keep LLVM from vectorizing (a depthwise
@@ -607,11 +623,12 @@ fn register_tile_cycles(
     e: &mut BlockEstimate,
     levels: &[Vec<LoopDim>],
     loaded_reads: &[Vec<Vec<Expr>>],
+    cache: &WriteCache,
     inlined_selects: usize,
     unroll: f64,
 ) -> f64 {
     let lanes = cx.lanes;
-    if let Some(body) = unrolled_body(cx, levels, loaded_reads, unroll) {
+    if let Some(body) = unrolled_body(cx, levels, loaded_reads, cache, unroll) {
         e.accumulators = body.accumulators;
         let vectors = (body.accumulators / lanes).max(1.0);
         let spill = (vectors / (VECTOR_REGISTERS - OPERAND_REGISTERS))
@@ -718,7 +735,8 @@ struct UnrolledBody {
 }
 
 /// The S2 R1 S3 nest as one body, when TVM's unrolling (steps up to `unroll`, after the
-/// innermost loop is vectorized; LLVM's own full unrolling up to [`LLVM_FULL_UNROLL_STEPS`])
+/// innermost loop is vectorized) or LLVM's own ([`LLVM_FULL_UNROLL_STEPS`],
+/// [`LLVM_FULL_UNROLL_VECTOR_STEPS`])
 /// covers all of it: every access to the output then has a constant offset in the body, so
 /// LLVM keeps all S2 x S3 accumulators in registers across the R0 loop around it, and an
 /// operand loaded once serves every FMA of the body that uses it. MetaSchedule's best C1D:2
@@ -731,6 +749,7 @@ fn unrolled_body(
     cx: &BlockContext,
     levels: &[Vec<LoopDim>],
     loaded_reads: &[Vec<Vec<Expr>>],
+    cache: &WriteCache,
     unroll: f64,
 ) -> Option<UnrolledBody> {
     let s2: f64 = levels[3].iter().map(|l| l.extent).product();
@@ -748,7 +767,13 @@ fn unrolled_body(
         .filter(|l| l.spatial && l.extent > 1.0 && l.extent <= cx.genome.vectorize as f64);
     let vector_extent = vector.map_or(1.0, |l| l.extent);
     let steps: f64 = body.iter().map(|l| l.extent).product::<f64>() / vector_extent;
-    if steps > unroll.max(LLVM_FULL_UNROLL_STEPS) {
+    let accumulator_promoted = unroll > 0.0 || matches!(cache, WriteCache::Global);
+    let llvm_steps = if vector.is_some() && accumulator_promoted {
+        LLVM_FULL_UNROLL_VECTOR_STEPS
+    } else {
+        LLVM_FULL_UNROLL_STEPS
+    };
+    if steps > unroll.max(llvm_steps) {
         return None;
     }
     // The reduction's read of its own output is the accumulator: in registers, not loaded.
