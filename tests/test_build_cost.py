@@ -4,6 +4,7 @@ loop feeds them to the search."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -313,3 +314,33 @@ def test_first_batch_keeps_prior_slow_builds_to_their_share():
             out.append(_prior_slow(sampler, [c.key for c in batch]))
     assert max(on) <= room, on
     assert max(off) > room, off  # the search alone proposes them here
+
+
+def test_search_proposes_the_cheapest_unroll_the_model_scores_alike():
+    """A C1D:2 proposal with unroll 512 whose 80-step body the model scores alike at 64 is proposed
+    with 64 (such kernels ran 0.99-1.01x as fast and built 7x faster); one whose 160-step body
+    only 512 unrolls keeps it, as does one whose unroll-64 variant is already measured."""
+    func = load_workload("C1D:2").func
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2, "mcpu": "skylake-avx512"})
+    sampler = ModelGuidedSampler(func, target, "evolutionary", list, population=64)
+
+    def genome(l_tiles: list[int], co_tiles: list[int], reduction: list[list[int]], unroll: int) -> str:
+        rules = {"1": {"ComputeAt": {"host": 2, "depth": 1}}, "2": {"Tile": {"cache": "Global", "level": 0}}}
+        tiles = {"2": [[1, 1, 1, 1], l_tiles, co_tiles, *reduction]}
+        return json.dumps({"rules": rules, "tiles": tiles, "parallel": 32, "vectorize": 64, "unroll": unroll})
+
+    def proposal(g: str) -> tuple[str, str, float, str]:
+        moved = sampler.program.transfer_genomes([g])[0]
+        assert moved is not None
+        return (moved[0], moved[1], 1.0, "exploit")
+
+    eighty = [[2, 4, 2, 4], [4, 2, 1, 32], [[1, 5], [256, 1]]]
+    measured_eighty = [[4, 2, 2, 4], [4, 2, 1, 32], [[1, 5], [256, 1]]]
+    one_sixty = [[8, 1, 1, 8], [4, 1, 4, 16], [[1, 5], [256, 1]]]
+    proposals = [proposal(genome(*tiles, 3)) for tiles in (eighty, measured_eighty, one_sixty)]
+    known = {proposal(genome(*measured_eighty, 2))[0]: 1e-4}
+    out = sampler._cheapest_equal_unroll(proposals, known)
+    assert [json.loads(g)["unroll"] for _, g, _, _ in out] == [2, 3, 3]
+    assert out[0][0] == proposal(genome(*eighty, 2))[0]
+    assert out[1:] == proposals[1:]
+    assert [p[2:] for p in out] == [p[2:] for p in proposals]

@@ -179,6 +179,8 @@ def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
 
     monkeypatch.setattr(search, "keep_exploring", spy)
     monkeypatch.setattr(search, "blend_ranks", exploring_last)
+    # The batch as ranked: no proposal moved to a cheaper unroll depth (a new key).
+    monkeypatch.setattr(ModelGuidedSampler, "_cheapest_equal_unroll", lambda self, proposals, known: proposals)
     sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
     sampler.genomes.update(warmup.genomes)
     batch = [c.key for c in sampler(func, TARGET, 8, 99, set(history))]
@@ -452,5 +454,6 @@ def test_cold_first_batch_is_the_analytical_best_of_the_random_population():
     cold = {"strategy": "evolutionary", "n": 8, "seed": 3, "measured": {}, "seeds": [], "population": 64}
     unevolved = program.propose(cpu, generations=0, **cold)
     evolved = program.propose(cpu, generations=4, **cold)
-    assert first == [key for key, _, _, _ in unevolved]
-    assert first != [key for key, _, _, _ in evolved]
+    # As the batch proposes them: each at the cheapest unroll depth the model scores alike.
+    assert first == [key for key, _, _, _ in sampler._cheapest_equal_unroll(unevolved, {})]
+    assert first != [key for key, _, _, _ in sampler._cheapest_equal_unroll(evolved, {})]

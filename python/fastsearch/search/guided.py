@@ -91,6 +91,16 @@ BUILD_WIDE_POOL = 8
 #: strided lanes built in 0.9 to 2.3 s, 4096 in 7.4 to 7.8 s and 16384 in 38.6 s, against a
 #: median of 0.1 s; one of those builds held up a batch of 16 on 2 build workers.
 PRIOR_FREE_STRIDED_LOG2 = 8.0
+#: The cheapest build among candidates the model cannot tell apart: a proposal with an unroll
+#: depth above UNROLL_FLOOR (an index into the genome's choices 0, 16, 64, 512) is proposed with
+#: the lowest depth, down to UNROLL_FLOOR, whose analytical score is within UNROLL_SCORE_TOLERANCE
+#: (natural log) of its own. On C1D:2 (seed 1, 64 trials) a run's later batches all had unroll
+#: 512, scored within 0.1% of 64: 4 of them re-timed in 4 fresh processes ran 0.99-1.01x as fast
+#: with unroll 64, and built in 0.064 s instead of 0.45. Not below 64: one kernel ran 5% slower
+#: with 16, and 3.8x slower with no unroll pragma, where the model's plain register tile sees no
+#: difference.
+UNROLL_FLOOR = 2
+UNROLL_SCORE_TOLERANCE = 0.002
 
 #: The Rust search's strategies.
 SearchName = Literal["evolutionary", "annealing"]
@@ -365,7 +375,7 @@ class ModelGuidedSampler:
             proposals = ranked(max(pool, want * BUILD_WIDE_POOL))
         seeded = {c.key for c in first if isinstance(c, Candidate)}
         proposals = [p for p in proposals if p[0] not in seeded]
-        proposals = proposals[:want]
+        proposals = self._cheapest_equal_unroll(proposals[:want], known)
         if self.state is not None:
             self.state.add_genomes([(key, genome) for key, genome, _, _ in proposals])
         out = first
@@ -378,6 +388,38 @@ class ModelGuidedSampler:
         for (key, _, _, _), sch in zip(proposals, schedules, strict=True):
             if sch is not None:
                 out.append(Candidate(key, sch))
+        return out
+
+    def _cheapest_equal_unroll(self, proposals: Proposals, known: dict[str, float]) -> Proposals:
+        """``proposals``, each with the lowest unroll depth (not below :data:`UNROLL_FLOOR`) the
+        analytical model scores within :data:`UNROLL_SCORE_TOLERANCE` of its own, unless that
+        candidate is known or already in the batch."""
+        t0 = time.perf_counter()
+        genomes = [json.loads(genome) for _, genome, _, _ in proposals]
+        lower = [
+            (i, u, json.dumps({**g, "unroll": u}))
+            for i, g in enumerate(genomes)
+            for u in range(UNROLL_FLOOR, int(g.get("unroll", 0)))
+        ]
+        if not lower:
+            return proposals
+        scores = self.program.analytical_scores(
+            self.core_target, [genome for _, genome, _, _ in proposals] + [g for _, _, g in lower]
+        )
+        own, variants = scores[: len(proposals)], scores[len(proposals) :]
+        chosen: dict[int, str] = {}
+        for (i, _, genome), score in zip(lower, variants, strict=True):
+            if i not in chosen and score >= own[i] - UNROLL_SCORE_TOLERANCE:
+                chosen[i] = genome  # variants run from the lowest depth up
+        taken = {key for key, _, _, _ in proposals}
+        out = list(proposals)
+        transferred = self.program.transfer_genomes(list(chosen.values()))
+        for i, moved in zip(chosen, transferred, strict=True):
+            if moved is not None and moved[0] not in known and moved[0] not in taken:
+                taken.add(moved[0])
+                _, _, score, role = proposals[i]
+                out[i] = (moved[0], moved[1], score, role)
+        self.timing["search"] += time.perf_counter() - t0
         return out
 
     def _sibling_seed(self, known: dict[str, float], taken: set[str]) -> list[Candidate]:
