@@ -74,6 +74,19 @@ def test_prefer_cheap_builds_moves_proposals_by_predicted_build():
     assert prefer_cheap_builds([], np.array([]), 4) == []
 
 
+def test_slow_builds_share_a_budget_in_seconds():
+    """Slow builds keep their place while they fit, together, in a batch's worth of typical
+    builds (BUILD_SLOW_BUDGET); the first one always does. Two 5x builds fit a batch of 16;
+    of two 40x builds (TBG:0's 7.5 s against 0.2), only the first."""
+    props = _proposals("abcdefghijklmnopqrstuvwx")
+    for factor, b_kept in ((5.0, True), (40.0, False)):
+        predicted = np.ones(len(props))
+        predicted[[0, 1]] = factor
+        out = [p[0] for p in prefer_cheap_builds(props, predicted, 16, typical_s=1.0)]
+        assert out.index("a") < len(props) - 2
+        assert (out[-1] != "b") == b_kept, out
+
+
 def test_code_sizes_count_strided_lanes_after_unrolling():
     """A transpose vectorized along its strided axis: every lane of its vector load is strided,
     and unrolling multiplies them (the pattern behind TBG:0's 8 s builds)."""

@@ -180,7 +180,9 @@ def test_late_reranked_batches_keep_their_exploring_share(monkeypatch):
     monkeypatch.setattr(search, "keep_exploring", spy)
     monkeypatch.setattr(search, "blend_ranks", exploring_last)
     # The batch as ranked: no proposal moved to a cheaper unroll depth (a new key).
-    monkeypatch.setattr(ModelGuidedSampler, "_cheapest_equal_unroll", lambda self, proposals, known: proposals)
+    monkeypatch.setattr(
+        ModelGuidedSampler, "_cheapest_equal_unroll", lambda self, proposals, known: proposals
+    )
     sampler = ModelGuidedSampler(func, TARGET, "evolutionary", lambda: history.items(), population=64)
     sampler.genomes.update(warmup.genomes)
     batch = [c.key for c in sampler(func, TARGET, 8, 99, set(history))]

@@ -80,6 +80,11 @@ BUILD_LOG_CLIP = (-1.0, 4.0)
 BUILD_DEAD_ZONE = 1.0
 BUILD_SLOW_LOG2 = 2.0
 BUILD_SLOW_SHARE = 0.125
+#: Seconds the slow builds of a batch may take together, in batches' worth of typical builds
+#: (one slow build always): on TBG:0 seed 2 (suite256cu) two 7.5 s builds in most batches of
+#: 16 (a typical build 0.2 s) tripled the batches' time and took the run's wall to 0.77 of
+#: MetaSchedule's.
+BUILD_SLOW_BUDGET = 1.0
 #: Pool, in batches, ranked again when the first pool still leaves more slow builds in the batch
 #: than their share (its fast proposals too few to fill it).
 BUILD_WIDE_POOL = 8
@@ -535,12 +540,19 @@ def prefer_cheap_builds(
     shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
     order = np.argsort(np.arange(len(proposals)) + weight * want * shift, kind="stable")
     room = slow_build_room(want)
+    # Slow builds also share a budget in seconds: the batch's typical build time, times
+    # BUILD_SLOW_BUDGET. The first slow one is always let in (the model keeps learning).
+    budget = BUILD_SLOW_BUDGET * want * typical
+    spent = 0.0
     kept: list[int] = []
     deferred: list[int] = []
     for i in order:
-        slow = ratio[i] >= BUILD_SLOW_LOG2
-        (deferred if slow and room == 0 else kept).append(int(i))
-        room -= int(slow and room > 0)
+        slow = bool(ratio[i] >= BUILD_SLOW_LOG2)
+        admitted = not slow or (room > 0 and (spent == 0.0 or spent + predicted[i] <= budget))
+        (kept if admitted else deferred).append(int(i))
+        if slow and admitted:
+            room -= 1
+            spent += float(predicted[i])
     return [proposals[i] for i in kept + deferred]
 
 
