@@ -528,7 +528,8 @@ def prefer_cheap_builds(
     :data:`BUILD_LOG_CLIP` and left at 0 within :data:`BUILD_DEAD_ZONE`: a much cheaper build
     moves up, a much slower one down; ties keep the given order. Of the proposals predicted at
     least ``2**BUILD_SLOW_LOG2`` times ``typical_s``, only the first ``BUILD_SLOW_SHARE x want``
-    (one at least) keep their place; the others go last."""
+    (one at least) whose predictions fit together in ``BUILD_SLOW_BUDGET x want x typical_s``
+    (the first always) keep their place; the others go last."""
     if not proposals:
         return proposals
     predicted = np.asarray(predicted_s, dtype=np.float64)
