@@ -401,21 +401,22 @@ class ModelGuidedSampler:
         candidate is known or already in the batch."""
         t0 = time.perf_counter()
         genomes = [json.loads(genome) for _, genome, _, _ in proposals]
+        # Each proposal's shallower variants, from the lowest depth up.
         lower = [
-            (i, u, json.dumps({**g, "unroll": u}))
+            (i, json.dumps({**g, "unroll": u}))
             for i, g in enumerate(genomes)
             for u in range(UNROLL_FLOOR, int(g.get("unroll", 0)))
         ]
         if not lower:
             return proposals
         scores = self.program.analytical_scores(
-            self.core_target, [genome for _, genome, _, _ in proposals] + [g for _, _, g in lower]
+            self.core_target, [genome for _, genome, _, _ in proposals] + [g for _, g in lower]
         )
         own, variants = scores[: len(proposals)], scores[len(proposals) :]
         chosen: dict[int, str] = {}
-        for (i, _, genome), score in zip(lower, variants, strict=True):
+        for (i, genome), score in zip(lower, variants, strict=True):
             if i not in chosen and score >= own[i] - UNROLL_SCORE_TOLERANCE:
-                chosen[i] = genome  # variants run from the lowest depth up
+                chosen[i] = genome
         taken = {key for key, _, _, _ in proposals}
         out = list(proposals)
         transferred = self.program.transfer_genomes(list(chosen.values()))
