@@ -21,11 +21,13 @@ from fastsearch.search import guided
 from fastsearch.search.guided import (
     BUILD_POOL,
     BUILD_RANK_WEIGHT,
+    BUILD_SLOW_LEARNED,
     BUILD_SLOW_LOG2,
     BUILD_SLOW_SHARE,
     BUILD_WIDE_POOL,
     PRIOR_FREE_STRIDED_LOG2,
     ModelGuidedSampler,
+    admit_slow_builds,
     prefer_cheap_builds,
     prior_build_cost,
 )
@@ -85,6 +87,34 @@ def test_slow_builds_share_a_budget_in_seconds():
         out = [p[0] for p in prefer_cheap_builds(props, predicted, 16, typical_s=1.0)]
         assert out.index("a") < len(props) - 2
         assert (out[-1] != "b") == b_kept, out
+
+
+def test_slow_builds_wait_for_the_budget_once_the_task_has_seen_some():
+    """The first slow build of a batch is let in whatever it costs only while the task has made
+    fewer than BUILD_SLOW_LEARNED slow builds; afterwards a 40x build (TBG:0's 7.5 s against
+    0.2) waits for a batch whose budget it fits, which a batch of 16 never has, while a 5x build
+    still fits. The sampler counts the slow builds it has recorded."""
+    props = _proposals("abcdefghijklmnopqrstuvwx")
+    for factor, learned_kept in ((5.0, True), (40.0, False)):
+        predicted = np.ones(len(props))
+        predicted[0] = factor
+        order = np.arange(len(props))
+        kept, deferred = admit_slow_builds(order, predicted, 16, 1.0, learning=True)
+        assert 0 in kept and not deferred
+        kept, deferred = admit_slow_builds(order, predicted, 16, 1.0, learning=False)
+        assert (0 in kept) == learned_kept and (deferred == [0]) != learned_kept
+        out = [p[0] for p in prefer_cheap_builds(props, predicted, 16, typical_s=1.0, learning=False)]
+        assert (out[-1] == "a") != learned_kept
+
+    sampler = ModelGuidedSampler(small("GMM"), TARGET, "evolutionary", lambda: iter(()), rerank=False)
+    assert sampler._learning_slow_builds()
+    fast = {f"fast{i}": 0.2 for i in range(20)}
+    sampler.record_builds(fast.items())
+    assert sampler._learning_slow_builds()
+    sampler.record_builds((f"slow{i}", 7.5) for i in range(BUILD_SLOW_LEARNED - 1))
+    assert sampler._learning_slow_builds()
+    sampler.record_builds([("slow_last", 1.0)])  # 5x the median
+    assert not sampler._learning_slow_builds()
 
 
 def test_code_sizes_count_strided_lanes_after_unrolling():
@@ -234,10 +264,10 @@ def test_search_defers_candidates_expected_to_build_slowly(monkeypatch):
     assert 0 < sum(s > 1 for s in builds.values()) < len(builds) / 2  # typically fast
     pools: list[int] = []
 
-    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT):
+    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT, learning=True):
         pools.append(len(proposals))
         assert typical_s == pytest.approx(np.median(list(builds.values())))
-        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight)
+        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight, learning)
 
     monkeypatch.setattr(guided, "prefer_cheap_builds", spy)
 
@@ -276,9 +306,9 @@ def test_search_ranks_a_wider_pool_when_slow_builds_crowd_the_batch(monkeypatch)
     func, history, warmup, builds, _ = _gmm_with_builds()
     spied: list[tuple] = []
 
-    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT):
-        spied.append((proposals, predicted, want, typical_s, weight))
-        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight)
+    def spy(proposals, predicted, want, typical_s=None, weight=BUILD_RANK_WEIGHT, learning=True):
+        spied.append((proposals, predicted, want, typical_s, weight, learning))
+        return prefer_cheap_builds(proposals, predicted, want, typical_s, weight, learning)
 
     monkeypatch.setattr(guided, "prefer_cheap_builds", spy)
     monkeypatch.setattr(guided, "slow_build_room", lambda want: 0)
@@ -291,8 +321,8 @@ def test_search_ranks_a_wider_pool_when_slow_builds_crowd_the_batch(monkeypatch)
     out = sampler(func, TARGET, 16, 7, set(history))
     assert len(out) == 16
     assert [len(p) for p, *_ in spied] == [16, BUILD_WIDE_POOL * 16]
-    assert sampler._slow_builds(prefer_cheap_builds(*spied[0])[:16]) > 0
-    assert sampler._slow_builds([(c.key, "", 0.0, "") for c in out]) == 0
+    assert sampler._deferred_builds(prefer_cheap_builds(*spied[0]), 16) > 0
+    assert sampler._deferred_builds([(c.key, "", 0.0, "") for c in out], 16) == 0
 
 
 def test_prior_build_cost_follows_strided_lanes():

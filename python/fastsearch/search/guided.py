@@ -71,7 +71,7 @@ COLD_GENERATIONS = 0
 #: log2 of the ratio, clipped to BUILD_LOG_CLIP: among near-equal proposals the cheaper build
 #: goes first. Builds within a factor of two are not told apart (the model ranks them no better
 #: than chance). Proposals predicted to build at least 2**BUILD_SLOW_LOG2 (4) times the median
-#: take at most BUILD_SLOW_SHARE of a batch (one at least, so the model keeps learning): on
+#: take at most BUILD_SLOW_SHARE of a batch (one at least while the model learns them): on
 #: TBG:0 the search converged on candidates that all built in 8 s (40x the median) and ran no
 #: faster than the rest, and moving them down a batch still left half of each batch to them.
 BUILD_POOL = 2
@@ -81,12 +81,18 @@ BUILD_DEAD_ZONE = 1.0
 BUILD_SLOW_LOG2 = 2.0
 BUILD_SLOW_SHARE = 0.125
 #: Seconds the slow builds of a batch may take together, in batches' worth of typical builds
-#: (one slow build always): on TBG:0 seed 2 (suite256cu) two 7.5 s builds in most batches of
-#: 16 (a typical build 0.2 s) tripled the batches' time and took the run's wall to 0.77 of
-#: MetaSchedule's.
+#: (the first slow build whatever it costs, until BUILD_SLOW_LEARNED): on TBG:0 seed 2
+#: (suite256cu) two 7.5 s builds in most batches of 16 (a typical build 0.2 s) tripled the
+#: batches' time and took the run's wall to 0.77 of MetaSchedule's.
 BUILD_SLOW_BUDGET = 1.0
-#: Pool, in batches, ranked again when the first pool still leaves more slow builds in the batch
-#: than their share (its fast proposals too few to fill it).
+#: Slow builds a task must have made before the budget alone admits them: until then the first
+#: slow proposal of a batch is let in whatever it costs (the build-time model learns what slow
+#: code takes), afterwards one that does not fit the budget waits. In suite256bb, TBG:0 seed 0
+#: let one 7.5 s build into each of 10 batches, and each held its batch to 10-12 s against 3-4 s
+#: on 2 build workers: its wall reached 0.64 of MetaSchedule's.
+BUILD_SLOW_LEARNED = 2
+#: Pool, in batches, ranked again when the first pool still leaves in the batch slow builds that
+#: the slow-build rule defers (its fast proposals too few to fill it).
 BUILD_WIDE_POOL = 8
 #: Before a task has the builds to train its model on (its first batch), build cost is read
 #: from the one count that made every slow build seen: strided vector lanes, which LLVM
@@ -238,15 +244,28 @@ class ModelGuidedSampler:
         """``proposals`` re-ranked by their predicted build seconds against the task's median
         build (:func:`prefer_cheap_builds`)."""
         predicted, typical = self._predicted_builds(proposals)
-        return prefer_cheap_builds(proposals, predicted, want, typical)
+        return prefer_cheap_builds(proposals, predicted, want, typical, learning=self._learning_slow_builds())
 
-    def _slow_builds(self, proposals: Proposals) -> int:
-        """How many of ``proposals`` are expected to build at least ``2**BUILD_SLOW_LOG2`` times
-        the task's median build."""
-        if not proposals:
+    def _deferred_builds(self, proposals: Proposals, want: int) -> int:
+        """How many of the first ``want`` of ``proposals``, in their order, the slow-build rule
+        of :func:`prefer_cheap_builds` would send to the back."""
+        batch = proposals[:want]
+        if not batch:
             return 0
-        predicted, typical = self._predicted_builds(proposals)
-        return int((build_log_ratio(predicted, typical) >= BUILD_SLOW_LOG2).sum())
+        predicted, typical = self._predicted_builds(batch)
+        _, deferred = admit_slow_builds(
+            np.arange(len(batch)), predicted, want, typical, learning=self._learning_slow_builds()
+        )
+        return len(deferred)
+
+    def _learning_slow_builds(self) -> bool:
+        """Whether the task has built fewer than :data:`BUILD_SLOW_LEARNED` candidates at least
+        ``2**BUILD_SLOW_LOG2`` times its median build."""
+        seconds = np.array(list(self.builds.values()), dtype=np.float64)
+        if seconds.size == 0:
+            return True
+        slow = build_log_ratio(seconds, float(np.median(seconds))) >= BUILD_SLOW_LOG2
+        return int(slow.sum()) < BUILD_SLOW_LEARNED
 
     def _prior_costs(self, proposals: Proposals) -> np.ndarray:
         """Prior build costs of ``proposals`` (:func:`prior_build_cost`)."""
@@ -375,8 +394,9 @@ class ModelGuidedSampler:
         proposals = ranked(pool)
         # A pool whose fast builds cannot fill the batch leaves it to the slow ones all the same
         # (TBG:0 seed 2 built 30 candidates of 8 s in a row once its search settled on them):
-        # rank a pool BUILD_WIDE_POOL times the batch once, to find the fast ones.
-        if cheap_builds and self._slow_builds(proposals[:want]) > slow_build_room(want):
+        # when the batch still holds proposals the slow-build rule defers, rank a pool
+        # BUILD_WIDE_POOL times the batch once, to find the fast ones.
+        if cheap_builds and self._deferred_builds(proposals, want) > 0:
             proposals = ranked(max(pool, want * BUILD_WIDE_POOL))
         seeded = {c.key for c in first if isinstance(c, Candidate)}
         proposals = [p for p in proposals if p[0] not in seeded]
@@ -523,39 +543,51 @@ def prefer_cheap_builds(
     want: int,
     typical_s: float | None = None,
     weight: float = BUILD_RANK_WEIGHT,
+    learning: bool = True,
 ) -> Proposals:
     """``proposals`` (best first) with each one's rank moved by ``weight x want x log2(predicted
     build / typical_s)`` (default: the proposals' median prediction), the log clipped to
     :data:`BUILD_LOG_CLIP` and left at 0 within :data:`BUILD_DEAD_ZONE`: a much cheaper build
-    moves up, a much slower one down; ties keep the given order. Of the proposals predicted at
-    least ``2**BUILD_SLOW_LOG2`` times ``typical_s``, only the first ``BUILD_SLOW_SHARE x want``
-    (one at least) whose predictions fit together in ``BUILD_SLOW_BUDGET x want x typical_s``
-    (the first always) keep their place; the others go last."""
+    moves up, a much slower one down; ties keep the given order. Slow builds are then admitted
+    by :func:`admit_slow_builds` in that order; the others go last."""
     if not proposals:
         return proposals
     predicted = np.asarray(predicted_s, dtype=np.float64)
     typical = float(np.median(predicted)) if typical_s is None else float(typical_s)
     if not typical > 0:
         return proposals
-    ratio = build_log_ratio(predicted, typical)
-    shift = np.clip(ratio, *BUILD_LOG_CLIP)
+    shift = np.clip(build_log_ratio(predicted, typical), *BUILD_LOG_CLIP)
     shift[np.abs(shift) < BUILD_DEAD_ZONE] = 0.0
     order = np.argsort(np.arange(len(proposals)) + weight * want * shift, kind="stable")
+    kept, deferred = admit_slow_builds(order, predicted, want, typical, learning)
+    return [proposals[i] for i in kept + deferred]
+
+
+def admit_slow_builds(
+    order: np.ndarray, predicted_s: np.ndarray, want: int, typical_s: float, learning: bool = True
+) -> tuple[list[int], list[int]]:
+    """The indices in ``order`` split into those a batch of ``want`` takes and those it defers.
+    A proposal predicted at least ``2**BUILD_SLOW_LOG2`` times ``typical_s`` is slow; the slow
+    ones are taken, in order, while they number at most ``BUILD_SLOW_SHARE x want`` (one at
+    least) and their predictions fit together in ``BUILD_SLOW_BUDGET x want x typical_s``.
+    While ``learning`` (the task has made fewer than :data:`BUILD_SLOW_LEARNED` slow builds),
+    the first slow one is taken whatever it costs, so the build-time model sees some."""
+    predicted = np.asarray(predicted_s, dtype=np.float64)
+    ratio = build_log_ratio(predicted, typical_s)
     room = slow_build_room(want)
-    # Slow builds also share a budget in seconds: the batch's typical build time, times
-    # BUILD_SLOW_BUDGET. The first slow one is always let in (the model keeps learning).
-    budget = BUILD_SLOW_BUDGET * want * typical
+    budget = BUILD_SLOW_BUDGET * want * typical_s
     spent = 0.0
     kept: list[int] = []
     deferred: list[int] = []
     for i in order:
         slow = bool(ratio[i] >= BUILD_SLOW_LOG2)
-        admitted = not slow or (room > 0 and (spent == 0.0 or spent + predicted[i] <= budget))
+        fits = spent + predicted[i] <= budget or (learning and spent == 0.0)
+        admitted = not slow or (room > 0 and fits)
         (kept if admitted else deferred).append(int(i))
         if slow and admitted:
             room -= 1
             spent += float(predicted[i])
-    return [proposals[i] for i in kept + deferred]
+    return kept, deferred
 
 
 def blend_ranks(proposals: Proposals, predicted: np.ndarray, weight: float) -> Proposals:
