@@ -13,7 +13,7 @@
 #
 # Other modes: `check` (call 2 without the suite), `smoke` (a 4-trial CPU tune, no GPU needed:
 # for checking the kit off the device). Environment: PYTHON (default python3), FASTSEARCH_KIT_DEST
-# (default tmp/fastsearch_kit in the checkout, two folders above this script, a folder git ignores;
+# (default .gpu_kit_state in the checkout, two folders above this script, a folder git ignores;
 # the device keeps ignored files between calls), OUT (what comes back; default
 # $FASTSEARCH_KIT_DEST/out), GPU_SUITE_ARGS, GPU_SUITE_BUDGET_S (default 360),
 # TVM_CUDA_COMPILE_MODE (nvrtc, TVM's default, or nvcc; when unset and the check fails with
@@ -22,7 +22,7 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CHECKOUT="$(cd "$HERE/../.." && pwd)"  # the script runs from .gpukit/part1 or .gpukit/part2
 PY="${PYTHON:-python3}"
-DEST="${FASTSEARCH_KIT_DEST:-$CHECKOUT/tmp/fastsearch_kit}"
+DEST="${FASTSEARCH_KIT_DEST:-$CHECKOUT/.gpu_kit_state}"
 OUTDIR="${OUT:-$DEST/out}"
 BUDGET="${GPU_SUITE_BUDGET_S:-360}"
 ARGS="${GPU_SUITE_ARGS:---workloads GMM:3 C2D:1 DEP:1 SFM:0 --seeds 0 --trials 32 --retime-processes 3 --repeat 5}"
