@@ -218,3 +218,24 @@ def test_flushed_measurements_time_every_call_alone_also_side_by_side(gmm):
         rounds = measurer.side_by_side([r.artifact_path for r in results], arrays, rounds=2)
         Measurer.release(results)
     assert [len(r) for r in rounds] == [2, 2] and all(t > 0 for row in rounds for t in row)
+
+
+def test_side_by_side_in_a_fresh_process_stops_the_kept_worker(gmm):
+    """``fresh=True`` times the candidates in a worker process started for the call: the one kept
+    until then is stopped and replaced (the final round's later processes)."""
+    func = gmm["main"]
+    cands = sample_candidates(func, TARGET, 2, seed=5)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(func)
+    with Measurer(TARGET, MeasureConfig()) as measurer:
+        results = measurer.measure([c.schedule.mod for c in cands], args_info)
+        paths = [r.artifact_path for r in results]
+        arrays = random_arguments(args_info, seed=0)
+        kept = measurer.side_by_side(paths, arrays, rounds=2)
+        first = measurer._isolated._proc.pid
+        again = measurer.side_by_side(paths, arrays, rounds=2)
+        assert measurer._isolated._proc.pid == first  # kept between calls
+        fresh = measurer.side_by_side(paths, arrays, rounds=2, fresh=True)
+        assert measurer._isolated._proc.pid != first
+        Measurer.release(results)
+    for rounds in (kept, again, fresh):
+        assert [len(r) for r in rounds] == [2, 2] and all(t > 0 for row in rounds for t in row)

@@ -123,8 +123,12 @@ class MeasureConfig:
 
     ``final_candidates``: when a task's trials are done, its best that many records are built
     again and timed side by side (:meth:`Measurer.side_by_side`) in ``final_rounds`` interleaved
-    rounds; a challenger that beats the best in the mean of its per-round ratios (and computes
-    the right answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off.
+    rounds in each of ``final_processes`` worker processes (the tuning's own, then fresh ones); a
+    challenger that beats the best in the mean of its per-round ratios (and computes the right
+    answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off. Some kernels'
+    times depend on the process they run in, not on the round: on C1D:2 (Zen 5) one best read
+    77 us while tuning and 110-113 us in each of 4 fresh processes, its runner-up 77 and 83-84,
+    so one process alone can crown a kernel that users' processes run slower.
 
     ``build_timeout_s`` bounds every build. Once a task has :data:`BUILD_TIMEOUT_AFTER` builds
     (its first batch's finished builds count), a build that takes ``build_timeout_scale`` times
@@ -166,6 +170,7 @@ class MeasureConfig:
     confirm_runs: int = 2
     final_candidates: int = 4
     final_rounds: int = 5
+    final_processes: int = 2
     cold_weights: bool | None = None
     cold_repeat: int = 10
     model_candidates: int = 6
@@ -668,6 +673,7 @@ class Measurer:
         rounds: int,
         entry: str = "main",
         cold: bool = False,
+        fresh: bool = False,
     ) -> list[list[float]]:
         """Seconds per call of each built candidate, timed in ``rounds`` interleaved rounds (every
         other round in reverse order) on the same ``arrays`` in one worker process of their own
@@ -677,10 +683,17 @@ class Measurer:
 
         Candidates timed together share the process's memory placement and the machine's state
         of the moment, which move a kernel's time by tens of percent from one measurement to
-        the next here; side by side, what is left is mostly their difference.
+        the next here; side by side, what is left is mostly their difference. ``fresh``: in a
+        worker process started for this call (the one kept until now is stopped), whose memory
+        holds nothing from earlier runs.
         Raises :class:`CandidateFault` if the worker crashes or hangs.
         """
 
+        if fresh:
+            self.wait_for_workers()
+            if self._isolated is not None:
+                self._isolated.kill()
+                self._isolated = None
         worker = self._isolated_worker()
         timeout = self.config.run_timeout_s * len(artifact_paths) * (rounds + 1)  # warm-up + rounds
         how = self.config.evaluator_config(cold)  # flushed calls as the runner times them

@@ -814,7 +814,8 @@ def _final_round(
     While tuning, each candidate was timed once (a best, three times) at its own moment, on its
     own arguments: placement and the machine's state move a kernel by 10-50% between such
     measurements, so among near-equal candidates the best is partly the luckiest. Timed side by
-    side in one process, they differ mostly by what they are.
+    side, they differ mostly by what they are; in the tuning's worker process and then in fresh
+    ones (``final_processes``), since some kernels keep a time per process.
     """
     cfg = measurer.config
     top = db.top_distinct(task.workload, cfg.final_candidates)
@@ -832,20 +833,26 @@ def _final_round(
         paths = [str(built[keep.index(i)].artifact_path) for i in ok]
         # A prepacked weight is taken in the candidate's own layout: each gets its arguments.
         layouts = [built[keep.index(i)].args_info or task.args_info for i in ok]
-        try:
-            times = measurer.side_by_side(
-                paths,
-                [random_arguments(info, seed=1) for info in layouts],
-                cfg.final_rounds,
-                task.entry,
-                cold=task.result.cold,
-            )
-        except CandidateFault:
-            return None
-        per_round = {i: [t / b for t, b in zip(times[j], times[0])] for j, i in enumerate(ok)}
+        per_round: dict[int, list[float]] = {i: [] for i in ok}
+        for process in range(max(1, cfg.final_processes)):
+            try:
+                times = measurer.side_by_side(
+                    paths,
+                    [random_arguments(info, seed=1) for info in layouts],
+                    cfg.final_rounds,
+                    task.entry,
+                    cold=task.result.cold,
+                    fresh=process > 0,
+                )
+            except CandidateFault:
+                return None
+            for j, i in enumerate(ok):
+                per_round[i] += [t / b for t, b in zip(times[j], times[0])]
         ratio = {i: sum(r) / len(r) for i, r in per_round.items()}
         final = FinalRound(
-            rounds=cfg.final_rounds, ratios=[ratio.get(i, math.nan) for i in range(1, len(top))]
+            rounds=cfg.final_rounds,
+            ratios=[ratio.get(i, math.nan) for i in range(1, len(top))],
+            processes=max(1, cfg.final_processes),
         )
         best_secs = mean_run_secs([float(x) for x in top[0].run_secs])
         for i in sorted(ok[1:], key=ratio.__getitem__):
