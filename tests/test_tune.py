@@ -297,7 +297,7 @@ def test_final_round_replaces_a_lucky_best(tmp_path):
     assert result.trials_measured == 2
     final = result.tasks["main"].final
     assert final is not None and final.rounds == MeasureConfig().final_rounds
-    assert final.processes == MeasureConfig().final_processes == 2  # the tuning's worker, then a fresh one
+    assert final.processes == MeasureConfig().final_processes == 2  # the kept worker, then a fresh one
     assert len(final.ratios) == MeasureConfig().final_candidates - 1 and final.chosen is not None
     assert final.ratios[final.chosen] == min(final.ratios) < 0.5  # against the naive loops
     assert "final" in result.timing and len(result.history) == 2  # no trial

@@ -123,7 +123,7 @@ class MeasureConfig:
 
     ``final_candidates``: when a task's trials are done, its best that many records are built
     again and timed side by side (:meth:`Measurer.side_by_side`) in ``final_rounds`` interleaved
-    rounds in each of ``final_processes`` worker processes (the tuning's own, then fresh ones); a
+    rounds in each of ``final_processes`` worker processes (the kept one, then fresh ones); a
     challenger that beats the best in the mean of its per-round ratios (and computes the right
     answer) becomes the best (``fastsearch.tune``). ``0`` or ``1`` turns this off. Some kernels'
     times depend on the process they run in, not on the round: on C1D:2 (Zen 5) one best read

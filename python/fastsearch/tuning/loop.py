@@ -814,7 +814,7 @@ def _final_round(
     While tuning, each candidate was timed once (a best, three times) at its own moment, on its
     own arguments: placement and the machine's state move a kernel by 10-50% between such
     measurements, so among near-equal candidates the best is partly the luckiest. Timed side by
-    side, they differ mostly by what they are; in the tuning's worker process and then in fresh
+    side, they differ mostly by what they are; in the measurer's kept worker and then in fresh
     ones (``final_processes``), since some kernels keep a time per process.
     """
     cfg = measurer.config

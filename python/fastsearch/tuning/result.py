@@ -154,7 +154,7 @@ class TaskResult:
 class FinalRound:
     """A task's final round: its best ``len(ratios) + 1`` records built again and timed side by
     side in ``rounds`` interleaved rounds (:meth:`fastsearch.measure.measurer.Measurer.side_by_side`)
-    in each of ``processes`` worker processes (the tuning's, then fresh ones).
+    in each of ``processes`` worker processes (the measurer's kept one, then fresh ones).
 
     ``ratios`` holds each runner-up's mean per-round time over the best's, in the database's
     order; ``chosen`` is the index in ``ratios`` of the runner-up that became the best (``None``
