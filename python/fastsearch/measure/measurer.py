@@ -569,14 +569,19 @@ class Measurer:
             if pool is not None:
                 with contextlib.suppress(Exception):  # the worker is already gone
                     pool.shutdown()
+        self._stop_isolated()
+        self._threads.close()
+
+    def _stop_isolated(self) -> None:
+        """Stop the isolated worker (once it has started, if it is starting); the next call that
+        needs it starts a fresh one."""
         if self._isolated_warming is not None:
             self._isolated_warming.join()
             self._isolated_warming = None
         if self._isolated is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # the worker is already gone
                 self._isolated.kill()
             self._isolated = None
-        self._threads.close()
 
     def _warm_isolated(self) -> None:
         from tvm.support.popen_pool import PopenWorker
@@ -690,10 +695,7 @@ class Measurer:
         """
 
         if fresh:
-            self.wait_for_workers()
-            if self._isolated is not None:
-                self._isolated.kill()
-                self._isolated = None
+            self._stop_isolated()
         worker = self._isolated_worker()
         timeout = self.config.run_timeout_s * len(artifact_paths) * (rounds + 1)  # warm-up + rounds
         how = self.config.evaluator_config(cold)  # flushed calls as the runner times them

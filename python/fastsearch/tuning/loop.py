@@ -833,12 +833,14 @@ def _final_round(
         paths = [str(built[keep.index(i)].artifact_path) for i in ok]
         # A prepacked weight is taken in the candidate's own layout: each gets its arguments.
         layouts = [built[keep.index(i)].args_info or task.args_info for i in ok]
+        arrays = [random_arguments(info, seed=1) for info in layouts]
+        processes = max(1, cfg.final_processes)
         per_round: dict[int, list[float]] = {i: [] for i in ok}
-        for process in range(max(1, cfg.final_processes)):
+        for process in range(processes):
             try:
                 times = measurer.side_by_side(
                     paths,
-                    [random_arguments(info, seed=1) for info in layouts],
+                    arrays,
                     cfg.final_rounds,
                     task.entry,
                     cold=task.result.cold,
@@ -852,7 +854,7 @@ def _final_round(
         final = FinalRound(
             rounds=cfg.final_rounds,
             ratios=[ratio.get(i, math.nan) for i in range(1, len(top))],
-            processes=max(1, cfg.final_processes),
+            processes=processes,
         )
         best_secs = mean_run_secs([float(x) for x in top[0].run_secs])
         for i in sorted(ok[1:], key=ratio.__getitem__):
