@@ -29,6 +29,10 @@ from fastsearch.errors import DatabaseError, DatabaseWarning
 #: MetaSchedule's stub run time for a candidate with no measurement (``kMaxMeanTime``).
 FAILED_RUN_SECS = 1e10
 
+#: How far below the record it replaces a chosen runner-up is stored when its own time is not
+#: lower: enough for float32 run seconds to rank it first, far too little to claim a speed-up.
+SUPERSEDE_MARGIN = 1e-4
+
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
@@ -39,6 +43,7 @@ __all__ = [
     "is_failed",
     "mean_run_secs",
     "plain_json",
+    "superseding_run_secs",
 ]
 
 
@@ -83,6 +88,27 @@ def mean_run_secs(run_secs: Sequence[float] | None) -> float:
         return FAILED_RUN_SECS
     assert run_secs is not None
     return sum(float(s) for s in run_secs) / len(run_secs)
+
+
+def superseding_run_secs(own_secs: Sequence[float], replaced_secs: float) -> list[float]:
+    """Run seconds that store a runner-up chosen over a record of mean ``replaced_secs`` so
+    that TVM's ``get_top_k`` (and so ``compile_tir``) ranks it first.
+
+    Its own measured ``own_secs`` when their mean is lower; else the same seconds scaled to a
+    mean just under ``replaced_secs`` (:data:`SUPERSEDE_MARGIN`). The database is append-only
+    and the replaced record keeps its time, so the winner must be stored below it; it is never
+    stored below both its own time and the one it replaces. (Scaling the replaced record's time
+    by a side-by-side ratio could: a best that ran slow in one of the final round's processes
+    gave a 1024-cube matmul 634 GFLOP/s on a machine whose peak is 542.)
+    """
+    own = [float(s) for s in own_secs]
+    if not own or is_failed(own) or not 0.0 < replaced_secs < FAILED_RUN_SECS:
+        raise ValueError(f"cannot rank run seconds {own} against a replaced mean of {replaced_secs}")
+    mean = sum(own) / len(own)
+    if mean < replaced_secs * (1.0 - SUPERSEDE_MARGIN):
+        return own
+    scale = replaced_secs * (1.0 - SUPERSEDE_MARGIN) / mean
+    return [s * scale for s in own]
 
 
 def _check_json_lines(path: Path, kind: str, num_workloads: int | None, repairs: list[str]) -> int:

@@ -33,7 +33,13 @@ from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
 from tvm_ffi import structural_hash
 
 from fastsearch import _core
-from fastsearch.database import FAILED_RUN_SECS, TuningDatabase, candidate_key, mean_run_secs
+from fastsearch.database import (
+    FAILED_RUN_SECS,
+    TuningDatabase,
+    candidate_key,
+    mean_run_secs,
+    superseding_run_secs,
+)
 from fastsearch.errors import MalformedInput, MeasurementError, UnsupportedWorkload
 from fastsearch.graph.model_timing import model_inputs
 from fastsearch.graph.relax_tasks import ModelTask, extract_tasks, is_relax_module
@@ -836,6 +842,7 @@ def _final_round(
         arrays = [random_arguments(info, seed=1) for info in layouts]
         processes = max(1, cfg.final_processes)
         per_round: dict[int, list[float]] = {i: [] for i in ok}
+        own: dict[int, list[float]] = {i: [] for i in ok}  # seconds per call, every round
         for process in range(processes):
             try:
                 times = measurer.side_by_side(
@@ -850,11 +857,13 @@ def _final_round(
                 return None
             for j, i in enumerate(ok):
                 per_round[i] += [t / b for t, b in zip(times[j], times[0])]
+                own[i] += [float(t) for t in times[j]]
         ratio = {i: sum(r) / len(r) for i, r in per_round.items()}
         final = FinalRound(
             rounds=cfg.final_rounds,
             ratios=[ratio.get(i, math.nan) for i in range(1, len(top))],
             processes=processes,
+            times_us=[sum(own[i]) / len(own[i]) * 1e6 if i in own else math.nan for i in range(len(top))],
         )
         best_secs = mean_run_secs([float(x) for x in top[0].run_secs])
         for i in sorted(ok[1:], key=ratio.__getitem__):
@@ -866,7 +875,7 @@ def _final_round(
                 task, sch, built[keep.index(i)], target, check, measurer
             ):
                 continue  # never checked while tuning (it was never the best): wrong, so not chosen
-            secs = [best_secs * r for r in per_round[i]]
+            secs = superseding_run_secs(own[i], best_secs)
             db.commit(task.workload, sch.trace, secs, target, task.args_info)
             task.best_secs = mean_run_secs(secs)
             final.chosen = i - 1

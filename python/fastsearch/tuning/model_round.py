@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs
+from fastsearch.database import TuningDatabase, candidate_key, mean_run_secs, superseding_run_secs
 from fastsearch.errors import MeasurementError
 from fastsearch.graph.model_timing import kernel_calls, run_in_fresh_process
 from fastsearch.graph.relax_tasks import apply_database
@@ -190,8 +190,10 @@ def model_round(
         j = row["chosen"]
         if j is not None:
             best, runner_up = tops[choice.task][0], tops[choice.task][j]
-            secs = mean_run_secs([float(s) for s in best.run_secs]) * choice.ratios[j]
-            db.commit(tasks[choice.task][0], runner_up.trace, [secs], target, runner_up.args_info)
+            secs = superseding_run_secs(
+                [float(s) for s in runner_up.run_secs], mean_run_secs([float(s) for s in best.run_secs])
+            )
+            db.commit(tasks[choice.task][0], runner_up.trace, secs, target, runner_up.args_info)
             choice.chosen = j
         out.tasks.append(choice)
     return out

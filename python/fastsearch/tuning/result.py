@@ -157,15 +157,19 @@ class FinalRound:
     in each of ``processes`` worker processes (the measurer's kept one, then fresh ones).
 
     ``ratios`` holds each runner-up's mean per-round time over the best's, in the database's
-    order; ``chosen`` is the index in ``ratios`` of the runner-up that became the best (``None``
-    when the best stayed). A chosen runner-up is stored again with the best's mean run time
-    scaled by its per-round ratios, so that TVM's ``get_top_k`` and ``compile_tir`` pick it too.
+    order; ``times_us`` each finalist's mean time per call over every round and process, the
+    best first (NaN for one that could not be built). ``chosen`` is the index in ``ratios`` of
+    the runner-up that became the best (``None`` when the best stayed). A chosen runner-up is
+    stored again at the lower of its ``times_us`` and just under the best's stored time
+    (:func:`fastsearch.database.superseding_run_secs`), so that TVM's ``get_top_k`` and
+    ``compile_tir`` pick it too.
     """
 
     rounds: int
     ratios: list[float]
     chosen: int | None = None
     processes: int = 1
+    times_us: list[float] = field(default_factory=list)
 
 
 @dataclass
