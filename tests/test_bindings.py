@@ -51,6 +51,9 @@ def test_target_holds_the_clamped_cpu_facts():
     t = _core.Target(4, vector_bytes=64, fma_per_cycle=1.0, parallel_speedup=9.0)
     assert (t.num_cores, t.vector_bytes, t.fma_per_cycle, t.parallel_speedup) == (4, 64, 1.0, 4.0)
     assert _core.Target(2).parallel_speedup == 2.0  # linear by default
+    # x86-64's vector registers for the width (AVX-512: 32, AVX2: 16), unless given
+    assert (t.vector_registers, _core.Target(2).vector_registers) == (32, 16)
+    assert _core.Target(2, vector_registers=32).vector_registers == 32
     assert "num_cores=4" in repr(t)
 
 

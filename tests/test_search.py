@@ -12,7 +12,7 @@ import xgboost as xgb
 from fake_measure import fake_latency, measure_until
 from fastsearch import _core
 from fastsearch.costmodel.learned import CostModel, pairwise_accuracy
-from fastsearch.ir.machine import Machine, fma_per_cycle, machine_of
+from fastsearch.ir.machine import Machine, fma_per_cycle, machine_of, vector_registers
 from fastsearch.ir.tir_import import program_json
 from fastsearch.search.guided import (
     EXPLORING_ROLES,
@@ -347,6 +347,14 @@ def test_target_fma_rate():
     assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})) == 1.0
     assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})) == 2.0
     assert fma_per_cycle(tvm.target.Target({"kind": "llvm", "num-cores": 2})) == 2.0
+
+
+def test_target_vector_registers():
+    """32 with AVX-512, 16 with AVX2 (Zen 3), whatever the host: the LLVM CPU says."""
+    for mcpu, registers in (("znver4", 32), ("skylake-avx512", 32), ("znver3", 16), ("haswell", 16)):
+        target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+        assert vector_registers(target) == registers
+        assert machine_of(target).core_target().vector_registers == registers
 
 
 def test_anchor_of_a_fused_function_is_its_reduction():

@@ -51,6 +51,7 @@ class Target:
         vector_bytes: int = 32,
         fma_per_cycle: float = 2.0,
         parallel_speedup: float | None = None,
+        vector_registers: int | None = None,
     ) -> Target: ...
     @property
     def num_cores(self) -> int: ...
@@ -60,6 +61,8 @@ class Target:
     def fma_per_cycle(self) -> float: ...
     @property
     def parallel_speedup(self) -> float: ...
+    @property
+    def vector_registers(self) -> int: ...
 
 @final
 class GpuTarget:

@@ -45,6 +45,7 @@ __all__ = [
     "parallel_speedup",
     "runtime_threads",
     "vector_bytes",
+    "vector_registers",
 ]
 
 
@@ -64,6 +65,17 @@ def vector_bytes(target: tvm.target.Target) -> int:
             return 32
     except Exception:  # noqa: BLE001, S110  (TVM raises ValueError, RuntimeError, tvm.error.*)
         pass
+    return 16
+
+
+def vector_registers(target: tvm.target.Target) -> int:
+    """Architectural vector registers of the target's CPU: 32 with AVX-512 and on AArch64, 16 on
+    x86-64 without AVX-512 (a register tile of AVX-512's size spills on AVX2)."""
+    if vector_bytes(target) >= 64:
+        return 32
+    triple = str(target.attrs.get("mtriple", "")) if target.attrs is not None else ""
+    if triple.startswith(("aarch64", "arm64")):
+        return 32
     return 16
 
 
@@ -87,6 +99,8 @@ class Machine(NamedTuple):
     fma_per_cycle: float
     #: Speedup of a kernel on all ``cores`` over one core; None: linear (``cores``).
     parallel_speedup: float | None
+    #: Architectural vector registers; None: x86-64's for ``vector_bytes`` (32 with AVX-512).
+    vector_registers: int | None = None
 
     def core_target(self) -> _core.Target:
         """This machine as the Rust search's :class:`fastsearch._core.Target`."""
@@ -95,12 +109,19 @@ class Machine(NamedTuple):
             vector_bytes=self.vector_bytes,
             fma_per_cycle=self.fma_per_cycle,
             parallel_speedup=self.parallel_speedup,
+            vector_registers=self.vector_registers,
         )
 
 
 def machine_of(target: tvm.target.Target) -> Machine:
     """The :class:`Machine` of an LLVM ``target``."""
-    return Machine(num_cores(target), vector_bytes(target), fma_per_cycle(target), parallel_speedup(target))
+    return Machine(
+        num_cores(target),
+        vector_bytes(target),
+        fma_per_cycle(target),
+        parallel_speedup(target),
+        vector_registers(target),
+    )
 
 
 def runtime_threads() -> int | None:

@@ -6,8 +6,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// A CPU target as the search sees it: cores, SIMD width in bytes (32 for AVX2, 64 for
-/// AVX-512), vector FMAs per cycle, and the parallel speedup with every core busy (default:
-/// `num_cores`; less where the runtime runs fewer threads).
+/// AVX-512), vector FMAs per cycle, the parallel speedup with every core busy (default:
+/// `num_cores`; less where the runtime runs fewer threads), and the architectural vector
+/// registers (default: x86-64's for that width, 32 with AVX-512, else 16).
 #[pyclass(frozen, module = "fastsearch._core", name = "Target")]
 pub struct Target {
     pub cpu: CpuTarget,
@@ -16,22 +17,27 @@ pub struct Target {
 #[pymethods]
 impl Target {
     #[new]
-    #[pyo3(signature = (num_cores, *, vector_bytes = 32, fma_per_cycle = 2.0, parallel_speedup = None))]
+    #[pyo3(signature = (
+        num_cores, *, vector_bytes = 32, fma_per_cycle = 2.0, parallel_speedup = None, vector_registers = None
+    ))]
     #[pyo3(
-        text_signature = "(num_cores, *, vector_bytes=32, fma_per_cycle=2.0, parallel_speedup=None)"
+        text_signature = "(num_cores, *, vector_bytes=32, fma_per_cycle=2.0, parallel_speedup=None, vector_registers=None)"
     )]
     fn new(
         num_cores: i64,
         vector_bytes: i64,
         fma_per_cycle: f64,
         parallel_speedup: Option<f64>,
+        vector_registers: Option<i64>,
     ) -> Self {
-        Target {
-            cpu: CpuTarget::new(num_cores)
-                .with_vector_bytes(vector_bytes)
-                .with_fma_per_cycle(fma_per_cycle)
-                .with_parallel_speedup(parallel_speedup),
+        let mut cpu = CpuTarget::new(num_cores)
+            .with_vector_bytes(vector_bytes)
+            .with_fma_per_cycle(fma_per_cycle)
+            .with_parallel_speedup(parallel_speedup);
+        if let Some(registers) = vector_registers {
+            cpu = cpu.with_vector_registers(registers);
         }
+        Target { cpu }
     }
 
     #[getter]
@@ -54,13 +60,19 @@ impl Target {
         self.cpu.parallel_speedup
     }
 
+    #[getter]
+    fn vector_registers(&self) -> i64 {
+        self.cpu.vector_registers
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "Target(num_cores={}, vector_bytes={}, fma_per_cycle={}, parallel_speedup={})",
+            "Target(num_cores={}, vector_bytes={}, fma_per_cycle={}, parallel_speedup={}, vector_registers={})",
             self.cpu.num_cores,
             self.cpu.vector_bytes,
             self.cpu.fma_per_cycle,
-            self.cpu.parallel_speedup
+            self.cpu.parallel_speedup,
+            self.cpu.vector_registers
         )
     }
 }

@@ -29,10 +29,13 @@ const FMA_LATENCY: f64 = 4.0;
 /// FMAs (with their loads) the out-of-order window holds: how far it looks ahead into the next
 /// iterations of the loop around the register tile for independent chains.
 const OOO_WINDOW_FMAS: f64 = 64.0;
-/// Architectural vector registers (AVX-512 and AVX2 both have at least 16).
-const VECTOR_REGISTERS: f64 = 32.0;
-/// Registers the register tile's loaded operands (broadcasts, weight vectors) keep busy.
-const OPERAND_REGISTERS: f64 = 4.0;
+/// Share of the target's vector registers (`CpuTarget::vector_registers`: 32 with AVX-512, 16
+/// with AVX2) the register tile's loaded operands (broadcasts, weight vectors) keep busy; the
+/// rest hold accumulators: 28 with AVX-512, 14 with AVX2, where LLVM folds the loaded operand
+/// into the FMA. On Zen 3 (AVX2, seed 0 of a 256-trial suite) tiles of 14 accumulator vectors
+/// were C2D:3's fastest (2019 us), while those of 16 ran 1.3-1.5x their workload's best (GMM:2,
+/// C1D:2, C2D:1) and of 28 1.8x (C2D:3): the model had counted 32 registers on every target.
+const OPERAND_REGISTER_SHARE: f64 = 0.125;
 /// Steps of an inner loop nest LLVM fully unrolls on its own, before its loop vectorizer runs
 /// (TVM's explicit unrolling reaches further): a 1x1 convolution with 16 steps below its
 /// channel loop vectorizes along the channels with any unroll depth, one with 28 or 32 steps
@@ -426,6 +429,8 @@ struct BlockContext<'a> {
     iterations: f64,
     flops: f64,
     lanes: f64,
+    /// Vector registers left for accumulators beside the operands in flight.
+    accumulator_registers: f64,
     reads: Vec<(BTreeSet<usize>, f64)>,
     /// The iteration variable along which the output is contiguous (its last index).
     contiguous_var: Option<usize>,
@@ -468,6 +473,8 @@ pub fn estimate_block(
         ops,
         iterations,
         lanes,
+        accumulator_registers: (target.vector_registers as f64 * (1.0 - OPERAND_REGISTER_SHARE))
+            .max(1.0),
         reads: read_vars(program, space, block),
         contiguous_var,
         cores: target.num_cores as f64,
@@ -631,9 +638,7 @@ fn register_tile_cycles(
     if let Some(body) = unrolled_body(cx, levels, loaded_reads, cache, unroll) {
         e.accumulators = body.accumulators;
         let vectors = (body.accumulators / lanes).max(1.0);
-        let spill = (vectors / (VECTOR_REGISTERS - OPERAND_REGISTERS))
-            .max(1.0)
-            .powi(2);
+        let spill = (vectors / cx.accumulator_registers).max(1.0).powi(2);
         return cx.flops / (cx.flops_per_cycle * e.vector_efficiency)
             * spill
             * issue_bound(cx.fma_chains / vectors, body.loads / body.fmas)
@@ -643,7 +648,7 @@ fn register_tile_cycles(
     e.accumulators = levels[5].iter().map(|l| l.extent).product();
     // Accumulators share the registers with the operands in flight; beyond what is
     // left for them, spills add a store and a load to every FMA that touches one.
-    let spill = (e.accumulators / lanes / (VECTOR_REGISTERS - OPERAND_REGISTERS))
+    let spill = (e.accumulators / lanes / cx.accumulator_registers)
         .max(1.0)
         .powi(2);
     // Each accumulator vector is a chain of dependent FMAs, R1 long per iteration of
@@ -868,7 +873,7 @@ fn llvm_vector_cycles(
     let interleave = (l.extent / lanes)
         .ceil()
         .min(4.0)
-        .min(((VECTOR_REGISTERS - OPERAND_REGISTERS) / points).floor())
+        .min((cx.accumulator_registers / points).floor())
         .max(1.0);
     let loads: f64 = cx
         .reads
@@ -888,9 +893,7 @@ fn llvm_vector_cycles(
         .sum::<f64>()
         + 2.0 * points;
     let overlap = (OOO_WINDOW_FMAS / fmas).clamp(1.0, (l.extent / lanes).max(1.0));
-    let spill = (points / (VECTOR_REGISTERS - OPERAND_REGISTERS))
-        .max(1.0)
-        .powi(2);
+    let spill = (points / cx.accumulator_registers).max(1.0).powi(2);
     let cycles = cx.flops / (cx.flops_per_cycle * eff)
         * spill
         * issue_bound(cx.fma_chains / (points * overlap), loads / fmas)

@@ -48,6 +48,9 @@ pub struct CpuTarget {
     /// Vector FMAs of that width a core issues per cycle: 2 on most x86 cores, 1 where
     /// 512-bit vectors run on 256-bit units (AMD Zen 4).
     pub fma_per_cycle: f64,
+    /// Architectural vector registers: 32 with AVX-512 (and on AArch64), 16 on x86-64 without
+    /// it. What a register tile's accumulators and operands must fit in before they spill.
+    pub vector_registers: i64,
     /// How much faster a kernel runs with every core busy than on one core: `num_cores` where
     /// cores scale linearly, less where the runtime runs fewer threads than there are cores
     /// (TVM's default is half the logical CPUs: one thread on a 2-vCPU virtual machine).
@@ -55,13 +58,15 @@ pub struct CpuTarget {
 }
 
 impl CpuTarget {
-    /// A target of `num_cores` cores (at least one), AVX2-wide, 2 FMAs per cycle, scaling linearly.
+    /// A target of `num_cores` cores (at least one), AVX2-wide with AVX2's 16 vector registers,
+    /// 2 FMAs per cycle, scaling linearly.
     pub fn new(num_cores: i64) -> Self {
         let num_cores = num_cores.max(1);
         CpuTarget {
             num_cores,
             vector_bytes: 32,
             fma_per_cycle: 2.0,
+            vector_registers: 16,
             parallel_speedup: num_cores as f64,
         }
     }
@@ -87,9 +92,18 @@ impl CpuTarget {
         1.0 + (self.parallel_speedup - 1.0) * (busy - 1.0).max(0.0) / (cores - 1.0)
     }
 
-    /// The same target with `bytes`-wide vectors (clamped to 8..=256).
+    /// The same target with `bytes`-wide vectors (clamped to 8..=256) and the vector registers
+    /// an x86-64 CPU of that width has (32 with AVX-512's 64 bytes, else 16); AArch64 sets its
+    /// own with [`CpuTarget::with_vector_registers`].
     pub fn with_vector_bytes(mut self, bytes: i64) -> Self {
         self.vector_bytes = bytes.clamp(8, 256);
+        self.vector_registers = if self.vector_bytes >= 64 { 32 } else { 16 };
+        self
+    }
+
+    /// The same target with `registers` architectural vector registers (clamped to 8..=64).
+    pub fn with_vector_registers(mut self, registers: i64) -> Self {
+        self.vector_registers = registers.clamp(8, 64);
         self
     }
 
