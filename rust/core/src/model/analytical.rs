@@ -33,7 +33,7 @@ const OOO_WINDOW_FMAS: f64 = 64.0;
 /// with AVX2) the register tile's loaded operands (broadcasts, weight vectors) keep busy; the
 /// rest hold accumulators: 28 with AVX-512, 14 with AVX2, where LLVM folds the loaded operand
 /// into the FMA. On Zen 3 (AVX2, seed 0 of a 256-trial suite) tiles of 14 accumulator vectors
-/// were C2D:3's fastest (2019 us), while those of 16 ran 1.3-1.5x their workload's best (GMM:2,
+/// were C2D:3's fastest (2019 us), while those of 16 ran 1.5-2.1x their workload's best (GMM:2,
 /// C1D:2, C2D:1) and of 28 1.8x (C2D:3): the model had counted 32 registers on every target.
 const OPERAND_REGISTER_SHARE: f64 = 0.125;
 /// Steps of an inner loop nest LLVM fully unrolls on its own, before its loop vectorizer runs
