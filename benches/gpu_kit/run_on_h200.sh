@@ -26,7 +26,7 @@ DEST="${FASTSEARCH_KIT_DEST:-$CHECKOUT/.gpu_kit_state}"
 OUTDIR="${OUT:-$DEST/out}"
 BUDGET="${GPU_SUITE_BUDGET_S:-360}"
 ARGS="${GPU_SUITE_ARGS:---workloads GMM:3 C2D:1 DEP:1 SFM:0 --seeds 0 --trials 32 --retime-processes 3 --repeat 5}"
-mkdir -p "$DEST/work" "$OUTDIR"
+mkdir -p "$DEST/runs" "$OUTDIR"
 export PYTHONUNBUFFERED=1
 
 env_report() {
@@ -92,7 +92,7 @@ setup() {
   cudart="$(find_cudart)"
   [ -n "$cudart" ] && export LD_LIBRARY_PATH="$cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONPATH="$DEST/site:$HERE"
-  cd "$DEST/work" || exit 1
+  cd "$DEST/runs" || exit 1
 }
 
 run_check() {
@@ -137,7 +137,7 @@ case "${1:-}" in
     ;;
   smoke)
     setup
-    "$PY" -m fastsearch.cli tune --workload GMM:0 --trials 4 --work-dir "$DEST/work/smoke" 2>&1 | tee "$OUTDIR/smoke.log"
+    "$PY" -m fastsearch.cli tune --workload GMM:0 --trials 4 --work-dir "$DEST/runs/smoke" 2>&1 | tee "$OUTDIR/smoke.log"
     exit "${PIPESTATUS[0]}"
     ;;
   *)
